@@ -1,0 +1,1 @@
+"""Measurement scripts; results are committed under benchmarks/results/."""

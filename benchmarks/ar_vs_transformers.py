@@ -1,0 +1,138 @@
+"""Greedy autoregressive tokens/s: specjax.generate vs transformers' generate, same weights.
+
+A ~20M-parameter Llama-shaped model with random weights, batch 1 and 8, 128 new tokens
+after a 32-token prompt. Our weights are copied into a LlamaForCausalLM so both decoders
+run the very same model, and the generated tokens are checked to be identical. Timings
+alternate between the two, median of --reps repetitions, compile time reported apart.
+
+    python -m benchmarks.ar_vs_transformers [--reps 5] [--new-tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from flax import nnx
+
+import models
+import specjax
+from benchmarks.common import block, machine_record, median, timed, write_results
+
+CONFIG = models.TransformerConfig(vocab_size=16_000, num_layers=6, d_model=384, num_heads=6,
+                                  num_kv_heads=2, d_ff=1024, max_seq_len=512)
+
+
+def to_transformers(model: models.Transformer):
+    """A LlamaForCausalLM holding exactly our weights (float32)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = model.config
+    hf = LlamaForCausalLM(LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.resolved_head_dim,
+        max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_embeddings,
+        attention_bias=cfg.qkv_bias)).eval()
+    t = lambda x: torch.from_numpy(np.asarray(x[...], np.float32).copy())
+    state = {"model.embed_tokens.weight": t(model.embed.embedding),
+             "model.norm.weight": t(model.final_norm.weight),
+             "lm_head.weight": t(model.lm_head.kernel).T}
+    for i, block_ in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        attn, mlp = block_.attention, block_.mlp
+        state[p + "input_layernorm.weight"] = t(block_.input_norm.weight)
+        state[p + "post_attention_layernorm.weight"] = t(block_.post_attention_norm.weight)
+        for name in ["q_proj", "k_proj", "v_proj", "o_proj"]:
+            state[p + f"self_attn.{name}.weight"] = t(getattr(attn, name).kernel).T
+        for name in ["gate_proj", "up_proj", "down_proj"]:
+            state[p + f"mlp.{name}.weight"] = t(getattr(mlp, name).kernel).T
+    hf.load_state_dict(state, strict=True)
+    return hf
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    model = models.Transformer(CONFIG, rngs=nnx.Rngs(0))
+    lm = specjax.CausalLM.from_nnx(model)
+    hf = to_transformers(model)
+    num_params = models.count_params(model)
+    rng = np.random.default_rng(0)
+    rows = []
+    for batch in args.batches:
+        prompts = rng.integers(0, CONFIG.vocab_size, (batch, args.prompt_len)).astype(np.int32)
+        ours = lambda prompts=prompts: block(specjax.generate(
+            lm, prompts, max_new_tokens=args.new_tokens, sampling=specjax.GREEDY).tokens)
+        input_ids = torch.from_numpy(prompts.astype(np.int64))
+
+        def theirs(input_ids=input_ids):
+            with torch.no_grad():
+                return hf.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                   max_new_tokens=args.new_tokens,
+                                   min_new_tokens=args.new_tokens, do_sample=False,
+                                   pad_token_id=0, eos_token_id=None)
+
+        compile_s = timed(ours)
+        theirs()  # warm-up
+        our_tokens = np.asarray(ours())
+        their_tokens = theirs()[:, args.prompt_len:].numpy()
+        identical = bool(np.array_equal(our_tokens, their_tokens))
+        ours_t, theirs_t = [], []
+        for _ in range(args.reps):
+            ours_t.append(timed(ours))
+            theirs_t.append(timed(theirs))
+        generated = batch * args.new_tokens
+        row = {"batch": batch, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
+               "specjax_tokens_per_s": generated / median(ours_t),
+               "transformers_tokens_per_s": generated / median(theirs_t),
+               "specjax_times_s": ours_t, "transformers_times_s": theirs_t,
+               "specjax_first_call_s_incl_compile": compile_s,
+               "identical_tokens": identical}
+        row["ratio"] = row["specjax_tokens_per_s"] / row["transformers_tokens_per_s"]
+        rows.append(row)
+        print(f"batch {batch}: specjax {row['specjax_tokens_per_s']:.0f} tok/s, transformers "
+              f"{row['transformers_tokens_per_s']:.0f} tok/s, ratio {row['ratio']:.2f}, "
+              f"identical tokens: {identical}", flush=True)
+
+    import transformers
+
+    machine = machine_record() | {"torch": torch.__version__,
+                                  "transformers": transformers.__version__,
+                                  "torch_threads": torch.get_num_threads()}
+    payload = {"benchmark": "ar_vs_transformers", "config": CONFIG.__dict__,
+               "num_params": num_params, "reps": args.reps, "machine": machine, "rows": rows}
+    lines = [
+        "# Greedy AR decoding: specjax.generate vs transformers generate (same weights)",
+        "",
+        f"Model: Llama-shaped, {num_params / 1e6:.1f}M parameters, float32, random weights. "
+        f"Prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, median of "
+        f"{args.reps} alternating repetitions, compile excluded.",
+        f"Machine: {machine['processor']}, {machine['cpu_count']} CPUs, jax "
+        f"{machine['jax']} ({machine['jax_backend']}), torch {machine['torch']}, transformers "
+        f"{machine['transformers']}.",
+        "",
+        "| batch | specjax tok/s | transformers tok/s | ratio | identical tokens | "
+        "first call incl. compile (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {r['specjax_tokens_per_s']:.0f} | "
+                     f"{r['transformers_tokens_per_s']:.0f} | {r['ratio']:.2f} | "
+                     f"{r['identical_tokens']} | {r['specjax_first_call_s_incl_compile']:.1f} |")
+    lines += ["", f"Command: `python -m benchmarks.ar_vs_transformers --reps {args.reps}`", ""]
+    write_results("ar_vs_transformers", payload, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+"""Flax NNX model definitions for specjax (Llama-family decoders)."""
+
+from models.transformer import (
+    KVCache,
+    Transformer,
+    TransformerConfig,
+    count_params,
+)
+
+__all__ = ["KVCache", "Transformer", "TransformerConfig", "count_params"]

@@ -1,0 +1,312 @@
+"""A Llama-family decoder in Flax NNX with an explicit multi-token KV cache.
+
+The module honours the CausalLM contract of DESIGN.md section 3: one call takes T new
+tokens per row, writes their keys/values at per-row offsets `cache_lengths[b] + t`, and
+attends to the cached slots below each row's length plus the new tokens allowed by
+`new_mask[B, T, T]` (causal by default). Positions are passed by the caller, independent
+of cache slots, so token trees need no change here.
+
+Rotary embeddings use the "rotate half" layout of Hugging Face checkpoints, so their
+q/k projection weights load without a permutation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import Array
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def _dtype(name: str):
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype {name!r} is not supported; use one of {sorted(_DTYPES)}") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransformerConfig:
+    """Static architecture of a Llama-family decoder (frozen and hashable).
+
+    `head_dim` defaults to `d_model // num_heads`. `dtype` is the compute dtype and
+    `param_dtype` the storage dtype of the weights ("float32" or "bfloat16"). Logits are
+    always returned in float32.
+    """
+
+    vocab_size: int
+    num_layers: int
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    d_ff: int
+    max_seq_len: int
+    head_dim: int | None = None
+    rope_theta: float = 10_000.0
+    rms_norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads",
+                     "d_ff", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads}) for grouped-query attention")
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) is not divisible by num_heads ({self.num_heads}); "
+                "pass head_dim explicitly")
+        if self.resolved_head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got "
+                             f"{self.resolved_head_dim}")
+        _dtype(self.dtype)
+        _dtype(self.param_dtype)
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def compute_dtype(self):
+        return _dtype(self.dtype)
+
+    @property
+    def storage_dtype(self):
+        return _dtype(self.param_dtype)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Fixed-size key/value cache: one `[B, S, num_kv_heads, head_dim]` pair per layer.
+
+    The cache holds no lengths: the caller keeps `cache_lengths[B]`, and rolling back is
+    keeping an older length. Slots at or beyond a row's length are masked and later
+    overwritten, never erased.
+    """
+
+    keys: tuple[Array, ...]
+    values: tuple[Array, ...]
+
+    @property
+    def max_len(self) -> int:
+        return self.keys[0].shape[1]
+
+    @classmethod
+    def create(cls, config: TransformerConfig, batch: int, max_len: int) -> KVCache:
+        shape = (batch, max_len, config.num_kv_heads, config.resolved_head_dim)
+        zeros = lambda: jnp.zeros(shape, config.compute_dtype)
+        return cls(keys=tuple(zeros() for _ in range(config.num_layers)),
+                   values=tuple(zeros() for _ in range(config.num_layers)))
+
+
+def rotary_inverse_frequencies(config: TransformerConfig) -> Array:
+    """`[head_dim // 2]` float32 inverse frequencies theta^(-2i/head_dim)."""
+    head_dim = config.resolved_head_dim
+    exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
+    return 1.0 / (config.rope_theta ** exponents)
+
+
+def apply_rotary(x_BTNH: Array, positions_BT: Array, inv_freq_F: Array) -> Array:
+    """Rotate queries or keys by their positions (rotate-half layout, float32 maths)."""
+    angles_BTF = positions_BT.astype(jnp.float32)[..., None] * inv_freq_F[None, None, :]
+    angles_BTH = jnp.concatenate([angles_BTF, angles_BTF], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles_BTH), jnp.sin(angles_BTH)
+    x = x_BTNH.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * cos + rotated * sin).astype(x_BTNH.dtype)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, *, eps: float, dtype, param_dtype):
+        self.eps = eps
+        self.dtype = dtype
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        weight = self.weight[...].astype(self.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
+        return weight * normed.astype(self.dtype)
+
+
+def _write_rows(cache_BSKH: Array, new_BTKH: Array, starts_B: Array) -> Array:
+    """Write each row's T new entries at its own slot offset (in place under jit)."""
+    write_one = lambda row_SKH, new_TKH, start: jax.lax.dynamic_update_slice(
+        row_SKH, new_TKH.astype(row_SKH.dtype), (start, 0, 0))
+    return jax.vmap(write_one)(cache_BSKH, new_BTKH, starts_B)
+
+
+def visibility_mask(cache_lengths_B: Array, num_new: int, num_slots: int,
+                    new_mask_BTT: Array | None) -> Array:
+    """`[B, T, S]` bool: may query t of row b read cache slot s (after the write)?
+
+    Slots below the row's length hold committed tokens and are always visible; slot
+    `length + j` holds new token j and is visible when `new_mask[b, t, j]` (causal by
+    default); everything else is stale and masked.
+    """
+    relative_BS = jnp.arange(num_slots)[None, :] - cache_lengths_B[:, None]
+    committed_BS = relative_BS < 0
+    is_new_BS = (relative_BS >= 0) & (relative_BS < num_new)
+    query_T = jnp.arange(num_new)
+    if new_mask_BTT is None:
+        new_visible_BTS = relative_BS[:, None, :] <= query_T[None, :, None]
+    else:
+        index_BTS = jnp.broadcast_to(jnp.clip(relative_BS, 0, num_new - 1)[:, None, :],
+                                     (relative_BS.shape[0], num_new, num_slots))
+        new_visible_BTS = jnp.take_along_axis(new_mask_BTT.astype(bool), index_BTS, axis=2)
+    return committed_BS[:, None, :] | (is_new_BS[:, None, :] & new_visible_BTS)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        head_dim = config.resolved_head_dim
+        dense = lambda n_in, n_out, bias: nnx.Linear(
+            n_in, n_out, use_bias=bias, dtype=config.compute_dtype,
+            param_dtype=config.storage_dtype, rngs=rngs)
+        self.q_proj = dense(config.d_model, config.num_heads * head_dim, config.qkv_bias)
+        self.k_proj = dense(config.d_model, config.num_kv_heads * head_dim, config.qkv_bias)
+        self.v_proj = dense(config.d_model, config.num_kv_heads * head_dim, config.qkv_bias)
+        self.o_proj = dense(config.num_heads * head_dim, config.d_model, False)
+
+    def __call__(self, x_BTD: Array, positions_BT: Array, layer_cache: tuple | None,
+                 cache_lengths_B: Array | None, new_mask_BTT: Array | None):
+        cfg = self.config
+        batch, num_new, _ = x_BTD.shape
+        head_dim, num_kv = cfg.resolved_head_dim, cfg.num_kv_heads
+        group = cfg.num_heads // num_kv
+        inv_freq = rotary_inverse_frequencies(cfg)
+        q_BTNH = self.q_proj(x_BTD).reshape(batch, num_new, cfg.num_heads, head_dim)
+        k_BTKH = self.k_proj(x_BTD).reshape(batch, num_new, num_kv, head_dim)
+        v_BTKH = self.v_proj(x_BTD).reshape(batch, num_new, num_kv, head_dim)
+        q_BTNH = apply_rotary(q_BTNH, positions_BT, inv_freq)
+        k_BTKH = apply_rotary(k_BTKH, positions_BT, inv_freq)
+
+        if layer_cache is None:
+            keys_BSKH, values_BSKH = k_BTKH, v_BTKH
+            if new_mask_BTT is None:
+                causal_TT = jnp.tril(jnp.ones((num_new, num_new), bool))
+                visible_BTS = jnp.broadcast_to(causal_TT, (batch, num_new, num_new))
+            else:
+                visible_BTS = new_mask_BTT.astype(bool)
+            new_layer_cache = None
+        else:
+            cached_keys, cached_values = layer_cache
+            keys_BSKH = _write_rows(cached_keys, k_BTKH, cache_lengths_B)
+            values_BSKH = _write_rows(cached_values, v_BTKH, cache_lengths_B)
+            visible_BTS = visibility_mask(cache_lengths_B, num_new, keys_BSKH.shape[1],
+                                          new_mask_BTT)
+            new_layer_cache = (keys_BSKH, values_BSKH)
+
+        q_BTKGH = q_BTNH.reshape(batch, num_new, num_kv, group, head_dim)
+        scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, keys_BSKH.astype(q_BTNH.dtype),
+                                  preferred_element_type=jnp.float32) / math.sqrt(head_dim)
+        scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS,
+                                 jnp.finfo(jnp.float32).min)
+        weights_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(cfg.compute_dtype)
+        out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", weights_BKGTS,
+                               values_BSKH.astype(cfg.compute_dtype))
+        out_BTD = self.o_proj(out_BTKGH.reshape(batch, num_new, cfg.num_heads * head_dim))
+        return out_BTD, new_layer_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        dense = lambda n_in, n_out: nnx.Linear(
+            n_in, n_out, use_bias=False, dtype=config.compute_dtype,
+            param_dtype=config.storage_dtype, rngs=rngs)
+        self.gate_proj = dense(config.d_model, config.d_ff)
+        self.up_proj = dense(config.d_model, config.d_ff)
+        self.down_proj = dense(config.d_ff, config.d_model)
+
+    def __call__(self, x: Array) -> Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        norm = lambda: RMSNorm(config.d_model, eps=config.rms_norm_eps,
+                               dtype=config.compute_dtype, param_dtype=config.storage_dtype)
+        self.input_norm = norm()
+        self.attention = Attention(config, rngs=rngs)
+        self.post_attention_norm = norm()
+        self.mlp = MLP(config, rngs=rngs)
+
+    def __call__(self, x_BTD, positions_BT, layer_cache, cache_lengths_B, new_mask_BTT):
+        attended, layer_cache = self.attention(self.input_norm(x_BTD), positions_BT, layer_cache,
+                                               cache_lengths_B, new_mask_BTT)
+        x_BTD = x_BTD + attended
+        x_BTD = x_BTD + self.mlp(self.post_attention_norm(x_BTD))
+        return x_BTD, layer_cache
+
+
+class Transformer(nnx.Module):
+    """Llama-family decoder: embeddings, pre-norm blocks (GQA + SwiGLU), final RMSNorm, LM head.
+
+    Call: `model(tokens[B,T], positions[B,T], cache=None, cache_lengths=None, new_mask=None)
+    -> (logits f32[B,T,V], hidden[B,T,D], cache)`. With `cache=None` it is a plain full
+    forward over the T tokens (causal, or `new_mask`); with a `KVCache` it writes the new
+    keys/values at `cache_lengths[b] + t` and returns the updated cache. The caller must
+    keep `cache_lengths[b] + T <= cache.max_len` (specjax checks this before tracing).
+    `hidden` is the final-layer feature after the final norm, the input of the LM head.
+    """
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embed = nnx.Embed(config.vocab_size, config.d_model, dtype=config.compute_dtype,
+                               param_dtype=config.storage_dtype, rngs=rngs)
+        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.final_norm = RMSNorm(config.d_model, eps=config.rms_norm_eps,
+                                  dtype=config.compute_dtype, param_dtype=config.storage_dtype)
+        if not config.tie_embeddings:
+            self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=False,
+                                      dtype=config.compute_dtype,
+                                      param_dtype=config.storage_dtype, rngs=rngs)
+
+    def init_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache.create(self.config, batch, max_len)
+
+    def __call__(self, tokens_BT: Array, positions_BT: Array, cache: KVCache | None = None,
+                 cache_lengths_B: Array | None = None, new_mask_BTT: Array | None = None):
+        if cache is not None and cache_lengths_B is None:
+            raise ValueError("cache_lengths is required when a cache is given")
+        x_BTD = self.embed(tokens_BT)
+        new_keys, new_values = [], []
+        for index, block in enumerate(self.layers):
+            layer_cache = None if cache is None else (cache.keys[index], cache.values[index])
+            x_BTD, layer_cache = block(x_BTD, positions_BT, layer_cache, cache_lengths_B,
+                                       new_mask_BTT)
+            if layer_cache is not None:
+                new_keys.append(layer_cache[0])
+                new_values.append(layer_cache[1])
+        hidden_BTD = self.final_norm(x_BTD)
+        if self.config.tie_embeddings:
+            logits_BTV = self.embed.attend(hidden_BTD)
+        else:
+            logits_BTV = self.lm_head(hidden_BTD)
+        new_cache = None if cache is None else KVCache(tuple(new_keys), tuple(new_values))
+        return logits_BTV.astype(jnp.float32), hidden_BTD, new_cache
+
+
+def count_params(model_or_state) -> int:
+    """Number of parameters of an NNX module (or of a params state / abstract state)."""
+    state = model_or_state
+    if isinstance(model_or_state, nnx.Module):
+        state = nnx.state(model_or_state, nnx.Param)
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state))

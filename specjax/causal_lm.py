@@ -1,0 +1,158 @@
+"""`CausalLM`: the functional view of a model that every specjax algorithm consumes.
+
+A CausalLM is a pytree whose only leaves are the parameters; the pure apply function,
+the cache factory and the sizes are static auxiliary data. It can therefore be passed
+straight into `jax.jit`: parameters are traced, and two CausalLMs with equal static parts
+(for NNX: equal graph definitions) share one compiled function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import Array
+
+ApplyFn = Callable[..., tuple[Array, Array, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _NnxApply:
+    """Pure apply of an NNX module: merge the params into the graph inside the trace."""
+
+    graphdef: Any
+
+    def __call__(self, params, tokens, positions, cache, cache_lengths, new_mask=None):
+        module = nnx.merge(self.graphdef, params)
+        return module(tokens, positions, cache, cache_lengths, new_mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NnxInitCache:
+    graphdef: Any
+
+    def __call__(self, params, batch: int, max_len: int):
+        return nnx.merge(self.graphdef, params).init_cache(batch, max_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NnxFullForward:
+    """No-cache forward of an NNX module (`cache=None`): an independent code path."""
+
+    graphdef: Any
+
+    def __call__(self, params, tokens_BT):
+        positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
+        logits, _, _ = nnx.merge(self.graphdef, params)(tokens_BT, positions_BT)
+        return logits
+
+
+@jax.tree_util.register_pytree_node_class
+class CausalLM:
+    """A causal language model as params + pure functions (DESIGN.md section 3).
+
+    Args:
+      params: pytree of arrays.
+      apply_fn: `apply_fn(params, tokens[B,T], positions[B,T], cache, cache_lengths[B],
+        new_mask[B,T,T] | None) -> (logits f32[B,T,V], hidden[B,T,D], cache)`. It writes the
+        new tokens' keys/values at slots `cache_lengths[b] + t` and attends to slots below
+        `cache_lengths[b]` plus the new tokens allowed by `new_mask` (causal when None).
+      init_cache_fn: `init_cache_fn(params, batch, max_len) -> cache` (any pytree).
+      vocab_size: size of the output distribution.
+      max_seq_len: the longest sequence (prompt + generated) the model supports, or None.
+      full_forward_fn: optional `(params, tokens[B,T]) -> logits f32[B,T,V]` without a
+        cache; by default `logits` runs `apply_fn` on a fresh cache.
+
+    The functions must be hashable and compare equal when they compute the same thing
+    (module-level functions or frozen dataclasses), so that jit can reuse compilations.
+    """
+
+    def __init__(self, params, apply_fn: ApplyFn, init_cache_fn: Callable, *, vocab_size: int,
+                 max_seq_len: int | None = None, full_forward_fn: Callable | None = None):
+        if not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+        self.params = params
+        self.apply_fn = apply_fn
+        self.init_cache_fn = init_cache_fn
+        self.vocab_size = vocab_size
+        self.max_seq_len = max_seq_len
+        self.full_forward_fn = full_forward_fn
+
+    # -- pytree protocol: params are the children, everything else is static.
+    def tree_flatten(self):
+        static = (self.apply_fn, self.init_cache_fn, self.vocab_size, self.max_seq_len,
+                  self.full_forward_fn)
+        return (self.params,), static
+
+    @classmethod
+    def tree_unflatten(cls, static, children):
+        apply_fn, init_cache_fn, vocab_size, max_seq_len, full_forward_fn = static
+        lm = object.__new__(cls)
+        lm.params = children[0]
+        lm.apply_fn, lm.init_cache_fn = apply_fn, init_cache_fn
+        lm.vocab_size, lm.max_seq_len, lm.full_forward_fn = vocab_size, max_seq_len, full_forward_fn
+        return lm
+
+    @classmethod
+    def from_nnx(cls, module: nnx.Module) -> CausalLM:
+        """Functional view of an NNX decoder (split once here, merged inside each trace).
+
+        The module must be called as `module(tokens, positions, cache, cache_lengths,
+        new_mask)` returning `(logits, hidden, cache)`, accept `cache=None` for a full
+        forward, define `init_cache(batch, max_len)`, and have a `config` with
+        `vocab_size` and `max_seq_len` (as `models.Transformer` does).
+        """
+        if not isinstance(module, nnx.Module):
+            raise TypeError(f"CausalLM.from_nnx expects a flax.nnx.Module, got {type(module)}")
+        config = getattr(module, "config", None)
+        if config is None or not hasattr(config, "vocab_size"):
+            raise TypeError("CausalLM.from_nnx needs module.config with vocab_size and "
+                            "max_seq_len (as models.Transformer has)")
+        if not hasattr(module, "init_cache"):
+            raise TypeError("CausalLM.from_nnx needs module.init_cache(batch, max_len)")
+        graphdef, params, other = nnx.split(module, nnx.Param, ...)
+        if jax.tree.leaves(other):
+            raise ValueError("CausalLM.from_nnx supports modules whose state is only nnx.Param; "
+                             f"this one also holds {nnx.to_pure_dict(other)!r}")
+        return cls(params, _NnxApply(graphdef), _NnxInitCache(graphdef),
+                   vocab_size=config.vocab_size, max_seq_len=getattr(config, "max_seq_len", None),
+                   full_forward_fn=_NnxFullForward(graphdef))
+
+    def apply(self, tokens_BT: Array, positions_BT: Array, cache, cache_lengths_B: Array,
+              new_mask_BTT: Array | None = None):
+        """`(logits f32[B,T,V], hidden[B,T,D], cache)` for T new tokens per row."""
+        return self.apply_fn(self.params, tokens_BT, positions_BT, cache, cache_lengths_B,
+                             new_mask_BTT)
+
+    def init_cache(self, batch: int, max_len: int):
+        """A fresh fixed-size cache for `batch` rows of at most `max_len` tokens."""
+        return self.init_cache_fn(self.params, batch, max_len)
+
+    def logits(self, tokens_BT) -> Array:
+        """No-cache full forward: float32 `[B, T, V]`, `logits[:, t]` predicts token t+1."""
+        return _full_logits(self, jnp.asarray(tokens_BT, jnp.int32))
+
+    def with_params(self, params) -> CausalLM:
+        """The same model with other parameters (e.g. cast to another dtype)."""
+        return CausalLM(params, self.apply_fn, self.init_cache_fn, vocab_size=self.vocab_size,
+                        max_seq_len=self.max_seq_len, full_forward_fn=self.full_forward_fn)
+
+    def __repr__(self):
+        num = sum(getattr(x, "size", 0) for x in jax.tree.leaves(self.params))
+        return (f"CausalLM(vocab_size={self.vocab_size}, max_seq_len={self.max_seq_len}, "
+                f"params={num:,})")
+
+
+@jax.jit
+def _full_logits(lm: CausalLM, tokens_BT: Array) -> Array:
+    if lm.full_forward_fn is not None:
+        return lm.full_forward_fn(lm.params, tokens_BT).astype(jnp.float32)
+    batch, length = tokens_BT.shape
+    positions_BT = jnp.broadcast_to(jnp.arange(length), (batch, length))
+    cache = lm.init_cache(batch, length)
+    logits, _, _ = lm.apply(tokens_BT, positions_BT, cache, jnp.zeros((batch,), jnp.int32))
+    return logits.astype(jnp.float32)

@@ -1,0 +1,188 @@
+"""Plain autoregressive decoding: the exact baseline every speedup is measured against.
+
+`generate` prefills the prompts in one forward, then runs one `lax.while_loop` inside one
+jit. Invariant of the decode state: the cache holds every committed token except the
+last one, which is fed at the next step (`cache_lengths[b] = committed[b] - 1`). The
+prefill therefore writes the whole padded prompt, sets each row's length one short of
+its prompt, and the first loop step re-feeds the prompt's last token: one code path for
+every step, and no wasted forward at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from specjax.causal_lm import CausalLM
+from specjax.prompts import (
+    PromptBatch,
+    bucket,
+    check_eos_id,
+    check_max_new_tokens,
+    pack_prompts,
+    plan_capacity,
+)
+from specjax.sampling import SamplingConfig, sample_tokens
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+    """Loop carry of autoregressive decoding (all buffers fixed-size).
+
+    output: int32 [B, N] generated tokens (pad after each row's end).
+    num_generated: int32 [B]. last_token: int32 [B], committed but not yet in the cache.
+    cache: the model's cache; cache_lengths: int32 [B] slots holding committed tokens.
+    done: bool [B]. key: the one PRNG key, split at the top of every step.
+    """
+
+    output: Array
+    num_generated: Array
+    last_token: Array
+    cache: Any
+    cache_lengths: Array
+    done: Array
+    key: Array
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOutput:
+    """`tokens` int32 [B, max_new_tokens] (generated only, `pad_id` after the end, an EOS
+    that ended a row included) and `lengths` int32 [B]."""
+
+    tokens: Array
+    lengths: Array
+
+
+def prefill(lm: CausalLM, cache, prompt_tokens_BP: Array, prompt_lengths_B: Array):
+    """Write the padded prompts into `cache` in one forward.
+
+    Returns `(cache, cache_lengths, last_token)` under the decode invariant: the cache
+    holds each prompt but its last token, which is returned to be fed next. Pad slots
+    past a row's length are written too but stay masked, and are overwritten later.
+    """
+    batch, width = prompt_tokens_BP.shape
+    positions_BP = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+    _, _, cache = lm.apply(prompt_tokens_BP, positions_BP, cache,
+                           jnp.zeros((batch,), jnp.int32))
+    last_token_B = jnp.take_along_axis(prompt_tokens_BP, prompt_lengths_B[:, None] - 1,
+                                       axis=1)[:, 0]
+    return cache, prompt_lengths_B - 1, last_token_B
+
+
+@functools.partial(jax.jit, static_argnames=("capacity",))
+def _init_state(lm: CausalLM, prompt_tokens_BP: Array, prompt_lengths_B: Array, key: Array,
+                pad_id: Array, *, capacity: int) -> DecodeState:
+    batch = prompt_tokens_BP.shape[0]
+    cache = lm.init_cache(batch, capacity)
+    cache, cache_lengths_B, last_token_B = prefill(lm, cache, prompt_tokens_BP, prompt_lengths_B)
+    return DecodeState(
+        output=jnp.full((batch, capacity), pad_id, jnp.int32),
+        num_generated=jnp.zeros((batch,), jnp.int32),
+        last_token=last_token_B.astype(jnp.int32),
+        cache=cache,
+        cache_lengths=cache_lengths_B.astype(jnp.int32),
+        done=jnp.zeros((batch,), bool),
+        key=key,
+    )
+
+
+def decode_step(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_id: Array,
+                sampling: SamplingConfig) -> DecodeState:
+    """One autoregressive step for every row still running (pure; jit-compatible)."""
+    batch = state.last_token.shape[0]
+    key, k_sample = jax.random.split(state.key)
+    logits_B1V, _, cache = lm.apply(state.last_token[:, None], state.cache_lengths[:, None],
+                                    state.cache, state.cache_lengths)
+    token_B = sample_tokens(k_sample, logits_B1V[:, 0], sampling)
+    active_B = ~state.done
+    rows_B = jnp.arange(batch)
+    # Finished rows write out of bounds, which `drop` discards.
+    write_at_B = jnp.where(active_B, state.num_generated, state.output.shape[1])
+    output = state.output.at[rows_B, write_at_B].set(token_B, mode="drop")
+    num_generated_B = state.num_generated + active_B.astype(jnp.int32)
+    done_B = state.done | (active_B & (token_B == eos_id)) | (num_generated_B >= max_new_tokens)
+    return DecodeState(
+        output=output,
+        num_generated=num_generated_B,
+        last_token=jnp.where(active_B, token_B, state.last_token),
+        cache=cache,
+        cache_lengths=state.cache_lengths + active_B.astype(jnp.int32),
+        done=done_B,
+        key=key,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("sampling",), donate_argnames=("state",))
+def _decode_loop(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_id: Array, *,
+                 sampling: SamplingConfig) -> DecodeState:
+    return jax.lax.while_loop(
+        lambda s: ~jnp.all(s.done),
+        lambda s: decode_step(lm, s, max_new_tokens, eos_id, sampling),
+        state)
+
+
+def resolve_key(key, sampling: SamplingConfig) -> Array:
+    if key is None:
+        if not sampling.greedy:
+            raise ValueError("sampling with temperature > 0 needs a PRNG key: pass "
+                             "key=jax.random.key(seed) (greedy decoding needs none)")
+        return jax.random.key(0)
+    if not isinstance(key, jax.Array):
+        raise TypeError(f"key must be a JAX PRNG key (jax.random.key(seed)), got {type(key)}")
+    return key
+
+
+def prepare_batch(lm: CausalLM, prompts, prompt_lengths, max_new_tokens: int,
+                  sampling: SamplingConfig, eos_id, pad_id: int, *, extra_slots: int = 0):
+    """Validate everything on the host; returns `(PromptBatch, capacity, eos)`."""
+    if not isinstance(lm, CausalLM):
+        raise TypeError(f"expected a specjax.CausalLM, got {type(lm).__name__}; wrap an NNX "
+                        "model with specjax.CausalLM.from_nnx(model)")
+    if not isinstance(sampling, SamplingConfig):
+        raise TypeError(f"sampling must be a specjax.SamplingConfig, got {type(sampling)}")
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
+    sampling.check_vocab(lm.vocab_size)
+    eos = check_eos_id(eos_id, lm.vocab_size)
+    unpadded = pack_prompts(prompts, prompt_lengths, lm.vocab_size, pad_id=pad_id)
+    capacity = plan_capacity(unpadded.lengths, max_new_tokens, lm.max_seq_len,
+                             extra_slots=extra_slots)
+    width = min(bucket(unpadded.tokens.shape[1]), capacity)
+    padded = np.pad(unpadded.tokens, ((0, 0), (0, width - unpadded.tokens.shape[1])),
+                    constant_values=pad_id)
+    return PromptBatch(padded, unpadded.lengths), capacity, eos
+
+
+def generate(lm: CausalLM, prompts, *, max_new_tokens: int,
+             sampling: SamplingConfig = SamplingConfig(), key: Array | None = None,
+             eos_id: int | None = None, prompt_lengths=None, pad_id: int = 0) -> GenerateOutput:
+    """Autoregressive decoding of a batch of prompts, fully jitted.
+
+    Args:
+      lm: the model.
+      prompts: a list of token-id lists (ragged), or an int array `[B, P]` with
+        `prompt_lengths[B]` (row b's prompt is its first `prompt_lengths[b]` tokens).
+      max_new_tokens: at most this many tokens per row. Traced: a new value reuses the
+        compiled loop as long as the cache bucket (next power of two of the longest
+        prompt + max_new_tokens) is unchanged.
+      sampling: `SamplingConfig`; temperature 0 is greedy.
+      key: PRNG key (required when sampling). Row b draws from `fold_in(step_key, b)`.
+      eos_id: a row stops after emitting it (the EOS is included in the output).
+      pad_id: written after each row's end.
+
+    Returns:
+      `GenerateOutput(tokens int32 [B, max_new_tokens], lengths int32 [B])`.
+    """
+    batch, capacity, eos = prepare_batch(lm, prompts, prompt_lengths, max_new_tokens,
+                                         sampling, eos_id, pad_id)
+    state = _init_state(lm, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
+                        resolve_key(key, sampling), jnp.int32(pad_id), capacity=capacity)
+    state = _decode_loop(lm, state, jnp.int32(max_new_tokens), jnp.int32(eos),
+                         sampling=sampling)
+    return GenerateOutput(tokens=state.output[:, :max_new_tokens], lengths=state.num_generated)

@@ -1,0 +1,146 @@
+"""Host-side checks and packing of prompts, shared by every decoder.
+
+Everything here runs before anything is traced, so bad input is refused with a message
+that names the problem and the fix instead of failing deep inside XLA. Shapes are
+bucketed to powers of two so that new prompt lengths or a new `max_new_tokens` reuse the
+compiled decoder instead of recompiling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+MIN_BUCKET = 16
+
+
+def bucket(n: int) -> int:
+    """The smallest power of two >= n (at least MIN_BUCKET)."""
+    return max(MIN_BUCKET, 1 << max(0, int(n) - 1).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptBatch:
+    """Right-padded prompts: `tokens` int32 `[B, P]` and `lengths` int32 `[B]` (host arrays)."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def batch(self) -> int:
+        return self.tokens.shape[0]
+
+
+def pack_prompts(prompts, prompt_lengths, vocab_size: int, *, pad_to: int | None = None,
+                 pad_id: int = 0) -> PromptBatch:
+    """Validate prompts and pack them into a right-padded `[B, P]` int32 array.
+
+    `prompts` is a list of token-id lists (ragged), or an int array `[B, P]` whose row b
+    holds `prompt_lengths[b]` tokens (all P when `prompt_lengths` is None).
+    """
+    if isinstance(prompts, np.ndarray) or hasattr(prompts, "shape"):
+        tokens = np.asarray(prompts)
+        if tokens.ndim != 2:
+            raise ValueError(f"prompts array must be 2-D [batch, prompt_len], got shape "
+                             f"{tokens.shape}; wrap a single prompt as [prompt]")
+        if not np.issubdtype(tokens.dtype, np.integer):
+            raise TypeError(f"prompts must hold integer token ids, got dtype {tokens.dtype}")
+        if tokens.shape[0] == 0:
+            raise ValueError("prompts is empty: pass at least one prompt")
+        if tokens.shape[1] == 0:
+            raise ValueError("prompts has zero columns: every prompt needs at least one token")
+        if prompt_lengths is None:
+            lengths = np.full((tokens.shape[0],), tokens.shape[1], np.int64)
+        else:
+            lengths = np.asarray(prompt_lengths)
+            if lengths.shape != (tokens.shape[0],):
+                raise ValueError(f"prompt_lengths has shape {lengths.shape} but prompts has "
+                                 f"{tokens.shape[0]} rows; pass one length per row")
+            if not np.issubdtype(lengths.dtype, np.integer):
+                raise TypeError(f"prompt_lengths must be integers, got dtype {lengths.dtype}")
+            if lengths.min() < 1:
+                bad = int(np.argmin(lengths))
+                raise ValueError(f"prompt {bad} is empty (prompt_lengths[{bad}] = "
+                                 f"{lengths[bad]}); every prompt needs at least one token")
+            if lengths.max() > tokens.shape[1]:
+                bad = int(np.argmax(lengths))
+                raise ValueError(f"prompt_lengths[{bad}] = {lengths[bad]} exceeds the prompts "
+                                 f"array width {tokens.shape[1]}")
+        rows = [tokens[b, : lengths[b]] for b in range(tokens.shape[0])]
+    else:
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise TypeError("prompts must be a list of token-id lists or an int array "
+                            f"[batch, prompt_len], got {type(prompts).__name__}")
+        if prompt_lengths is not None:
+            raise ValueError("prompt_lengths is only for an array of prompts; a list of "
+                             "lists already carries its lengths")
+        if len(prompts) == 0:
+            raise ValueError("prompts is empty: pass at least one prompt")
+        rows = []
+        for b, row in enumerate(prompts):
+            if isinstance(row, (int, np.integer)):
+                raise TypeError("prompts must be a list of token-id LISTS; wrap a single "
+                                "prompt as [prompt]")
+            arr = np.asarray(row)
+            if arr.size == 0:
+                raise ValueError(f"prompt {b} is empty; every prompt needs at least one token")
+            if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+                raise TypeError(f"prompt {b} must be a flat list of int token ids")
+            rows.append(arr)
+        lengths = np.array([len(r) for r in rows], np.int64)
+
+    for b, row in enumerate(rows):
+        if row.min() < 0 or row.max() >= vocab_size:
+            bad = row[(row < 0) | (row >= vocab_size)][0]
+            raise ValueError(f"prompt {b} holds token id {bad}, outside the model's vocabulary "
+                             f"[0, {vocab_size}); check the tokenizer matches the model")
+    width = int(lengths.max()) if pad_to is None else pad_to
+    if width < lengths.max():
+        raise ValueError(f"pad_to={pad_to} is shorter than the longest prompt ({lengths.max()})")
+    packed = np.full((len(rows), width), pad_id, np.int32)
+    for b, row in enumerate(rows):
+        packed[b, : len(row)] = row
+    return PromptBatch(tokens=packed, lengths=lengths.astype(np.int32))
+
+
+def check_max_new_tokens(max_new_tokens) -> int:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
+        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    return int(max_new_tokens)
+
+
+def check_eos_id(eos_id, vocab_size: int) -> int:
+    """The EOS id as an int, or -1 (never produced) when None."""
+    if eos_id is None:
+        return -1
+    if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)):
+        raise TypeError(f"eos_id must be an int or None, got {eos_id!r}")
+    if not 0 <= eos_id < vocab_size:
+        raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab_size})")
+    return int(eos_id)
+
+
+def plan_capacity(lengths: np.ndarray, max_new_tokens: int, max_seq_len: int | None, *,
+                  extra_slots: int = 0) -> int:
+    """Cache slots for these prompts: a power-of-two bucket of the longest need.
+
+    `extra_slots` is scratch room beyond the last committed token (a speculative step
+    writes K+1 tokens past the committed length). Raises when the longest prompt plus
+    `max_new_tokens` exceeds the model's `max_seq_len`.
+    """
+    longest = int(lengths.max())
+    needed = longest + max_new_tokens
+    if max_seq_len is not None and needed > max_seq_len:
+        row = int(np.argmax(lengths))
+        raise ValueError(
+            f"prompt {row} has {longest} tokens and max_new_tokens={max_new_tokens}: "
+            f"{needed} positions exceed the model's max_seq_len={max_seq_len}; shorten the "
+            f"prompt or lower max_new_tokens to at most {max_seq_len - longest}")
+    capacity = bucket(needed + extra_slots)
+    if max_seq_len is not None:
+        capacity = min(capacity, max(max_seq_len, 0) + extra_slots)
+    return max(capacity, needed + extra_slots)

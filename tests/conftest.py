@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny models built once per session so compiled functions are reused."""
+
+import jax
+import pytest
+from flax import nnx
+
+import models
+import specjax
+
+# Implicit rank promotion hides shape bugs; every test runs with it refused.
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def tiny_config(**overrides) -> models.TransformerConfig:
+    fields = dict(vocab_size=32, num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
+                  d_ff=128, max_seq_len=128)
+    fields.update(overrides)
+    return models.TransformerConfig(**fields)
+
+
+def build_lm(seed: int = 0, **overrides) -> specjax.CausalLM:
+    return specjax.CausalLM.from_nnx(models.Transformer(tiny_config(**overrides),
+                                                        rngs=nnx.Rngs(seed)))
+
+
+@pytest.fixture(scope="session")
+def tiny_lm() -> specjax.CausalLM:
+    """2 layers, GQA (4 query heads over 2 KV heads), vocab 32."""
+    return build_lm(0)
+
+
+@pytest.fixture(scope="session")
+def micro_lm() -> specjax.CausalLM:
+    """A vocab-8 model for statistical tests: cheap enough for thousands of rows per call."""
+    return build_lm(3, vocab_size=8, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1,
+                    d_ff=32, max_seq_len=64)

@@ -1,0 +1,138 @@
+"""specjax.sampling: the one warper (temperature -> top-k -> top-p) and its edge cases."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import SamplingConfig, probabilities, sample_tokens, warp_logits
+
+
+def reference_warp(logits, temperature, top_k, top_p):
+    """Independent numpy port of transformers' warpers (ascending-sort top-p form)."""
+    x = np.asarray(logits, np.float64) / temperature
+    if top_k:
+        kth = np.sort(x, axis=-1)[..., -top_k][..., None]
+        x = np.where(x < kth, -np.inf, x)
+    if top_p < 1.0:
+        out = np.empty_like(x)
+        for i, row in enumerate(x):
+            order = np.argsort(row, kind="stable")
+            probs = np.exp(row[order] - row.max())
+            probs /= probs.sum()
+            remove = np.cumsum(probs) <= 1 - top_p
+            remove[-1] = False  # min_tokens_to_keep = 1
+            row = row.copy()
+            row[order[remove]] = -np.inf
+            out[i] = row
+        x = out
+    return x
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [
+    (1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, 0, 0.8), (0.5, 0, 0.9),
+    (0.8, 6, 0.7), (2.0, 3, 0.95), (1.0, 1, 1.0),
+])
+def test_warp_matches_transformers_semantics(temperature, top_k, top_p):
+    logits = np.random.default_rng(0).normal(size=(64, 20)).astype(np.float32) * 2
+    config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    ours = np.asarray(probabilities(jnp.asarray(logits), config))
+    ref = _softmax(reference_warp(logits, temperature, top_k, top_p))
+    np.testing.assert_array_equal(ours > 0, ref > 0)
+    np.testing.assert_allclose(ours, ref, atol=1e-6)
+    assert ours.dtype == np.float32
+
+
+def test_top_p_keeps_the_token_that_crosses_the_threshold():
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.2]]))
+    keep = lambda p: np.isfinite(np.asarray(warp_logits(logits, SamplingConfig(top_p=p))))[0]
+    assert keep(0.5).tolist() == [True, False, False]  # 0.5 reaches 0.5 exactly
+    assert keep(0.6).tolist() == [True, True, False]   # 0.3 crosses 0.6: kept
+    assert keep(0.81).tolist() == [True, True, True]
+    assert keep(0.01).tolist() == [True, False, False]  # the top token always stays
+
+
+def test_order_is_temperature_then_top_k_then_top_p():
+    # At temperature 1 the top-2 mass is 0.5+0.3=0.8 >= 0.75 so top_p keeps 2 tokens; a
+    # low temperature sharpens first, so the top token alone reaches 0.75.
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+    warm = warp_logits(logits, SamplingConfig(temperature=1.0, top_p=0.75))
+    cold = warp_logits(logits, SamplingConfig(temperature=0.25, top_p=0.75))
+    assert np.isfinite(np.asarray(warm)).sum() == 2
+    assert np.isfinite(np.asarray(cold)).sum() == 1
+    # top-k before top-p: top_k=1 leaves one token whatever top_p would keep.
+    both = warp_logits(logits, SamplingConfig(top_k=1, top_p=0.99))
+    assert np.isfinite(np.asarray(both)).sum() == 1
+
+
+def test_top_k_keeps_ties_at_the_kth_value():
+    logits = jnp.array([[3.0, 1.0, 2.0, 2.0, 0.0]])
+    kept = np.isfinite(np.asarray(warp_logits(logits, SamplingConfig(top_k=2))))[0]
+    assert kept.tolist() == [True, False, True, True, False]
+
+
+def test_top_k_one_equals_greedy():
+    logits = jax.random.normal(jax.random.key(0), (500, 17))
+    sampled = sample_tokens(jax.random.key(1), logits, SamplingConfig(top_k=1))
+    greedy = sample_tokens(jax.random.key(1), logits, SamplingConfig(temperature=0.0))
+    np.testing.assert_array_equal(sampled, greedy)
+    np.testing.assert_array_equal(greedy, np.argmax(np.asarray(logits), -1))
+
+
+def test_greedy_distribution_is_one_hot_argmax():
+    logits = jnp.array([[0.1, 2.0, -1.0], [5.0, 5.0, 1.0]])
+    probs = probabilities(logits, SamplingConfig(temperature=0.0))
+    assert probs.tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]  # ties: first index
+
+
+def test_warp_is_float32_for_bfloat16_logits():
+    logits = jnp.array([[0.1, 2.0, -1.0]], jnp.bfloat16)
+    assert warp_logits(logits, SamplingConfig(temperature=0.7, top_p=0.9)).dtype == jnp.float32
+
+
+def test_row_draws_do_not_depend_on_batch_mates():
+    logits = jax.random.normal(jax.random.key(0), (8, 50))
+    config = SamplingConfig(temperature=1.0)
+    full = sample_tokens(jax.random.key(5), logits, config)
+    half = sample_tokens(jax.random.key(5), logits[:4], config)
+    np.testing.assert_array_equal(full[:4], half)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"temperature": -0.1}, "temperature must be >= 0"),
+    ({"temperature": float("nan")}, "temperature must be >= 0"),
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+    ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+    ({"top_k": -1}, "top_k must be an int >= 0"),
+    ({"top_k": 2.5}, "top_k must be an int >= 0"),
+])
+def test_invalid_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**kwargs)
+
+
+def test_top_k_larger_than_vocab_is_refused():
+    with pytest.raises(ValueError, match="exceeds the vocabulary"):
+        SamplingConfig(top_k=40).check_vocab(32)
+
+
+def test_top_p_keeps_tied_tokens_together_and_handles_minus_inf():
+    # Mass before the two tied 0.25 tokens is 0.5 < 0.6: the first crosses, its twin stays.
+    logits = jnp.log(jnp.array([[0.5, 0.25, 0.25, 0.0]]))
+    kept = np.isfinite(np.asarray(warp_logits(logits, SamplingConfig(top_p=0.6))))[0]
+    assert kept.tolist() == [True, True, True, False]
+    kept = np.isfinite(np.asarray(warp_logits(logits, SamplingConfig(top_k=2))))[0]
+    assert kept.tolist() == [True, True, True, False]
+
+
+def test_cutoffs_are_exact_for_nearly_equal_logits():
+    """The bisection cut-offs work on float bit patterns: one ulp apart is resolved."""
+    base = np.float32(1.5)
+    logits = jnp.array([[base, np.nextafter(base, np.float32(2)), base - 1, -3.0]], jnp.float32)
+    kept = np.isfinite(np.asarray(warp_logits(logits, SamplingConfig(top_k=1))))[0]
+    assert kept.tolist() == [False, True, False, False]

@@ -1,0 +1,176 @@
+"""models.transformer: incremental decoding equals the full forward, masks, dtypes, shapes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import build_lm, tiny_config
+from flax import nnx
+
+import models
+import specjax
+
+
+def _random_tokens(seed, shape, vocab):
+    return np.random.default_rng(seed).integers(0, vocab, size=shape).astype(np.int32)
+
+
+def test_issue_example_config_builds():
+    config = models.TransformerConfig(vocab_size=32, num_layers=2, d_model=64, num_heads=4,
+                                      num_kv_heads=2, d_ff=128, max_seq_len=128)
+    model = models.Transformer(config, rngs=nnx.Rngs(0))
+    # embed 32*64 + lm_head 64*32 + final norm 64
+    # + per layer: q 64*64, k 64*32, v 64*32, o 64*64, mlp 3*64*128, two norms 2*64
+    per_layer = 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64
+    assert models.count_params(model) == 32 * 64 * 2 + 64 + 2 * per_layer
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"qkv_bias": True, "tie_embeddings": True},
+    {"num_kv_heads": 4, "head_dim": 8, "rope_theta": 500_000.0},
+], ids=["gqa", "bias+tied", "mha+head_dim"])
+def test_incremental_decoding_matches_full_forward(overrides):
+    """Prefill ragged prompts, then 1 token at a time, then 3 at a time: the cached logits
+    equal the no-cache full forward of each row's whole sequence."""
+    lm = build_lm(1, **overrides)
+    batch, total, vocab = 3, 14, lm.vocab_size
+    sequences = _random_tokens(0, (batch, total), vocab)
+    prompt_lengths = np.array([3, 5, 4], np.int32)
+    reference = np.asarray(lm.logits(sequences))
+
+    apply = jax.jit(lambda lm, t, p, c, n: lm.apply(t, p, c, n))
+    cache = lm.init_cache(batch, 32)
+    width = prompt_lengths.max()
+    prefill_tokens = np.where(np.arange(width)[None] < prompt_lengths[:, None],
+                              sequences[:, :width], 0)
+    positions = np.broadcast_to(np.arange(width), (batch, width))
+    logits, _, cache = apply(lm, prefill_tokens, positions, cache, np.zeros(batch, np.int32))
+    for b in range(batch):
+        np.testing.assert_allclose(logits[b, : prompt_lengths[b]],
+                                   reference[b, : prompt_lengths[b]], rtol=1e-5, atol=1e-5)
+    lengths = prompt_lengths.copy()
+    for chunk in [1, 1, 1, 3, 3]:
+        rows = np.arange(batch)[:, None]
+        cols = lengths[:, None] + np.arange(chunk)[None]
+        logits, _, cache = apply(lm, sequences[rows, cols], cols, cache, lengths)
+        np.testing.assert_allclose(logits, reference[rows, cols], rtol=1e-5, atol=1e-5)
+        lengths = lengths + chunk
+
+
+def test_rollback_by_length_ignores_stale_slots(tiny_lm):
+    """Writing wrong tokens and then keeping the old length leaves no trace."""
+    batch = 2
+    tokens = _random_tokens(1, (batch, 8), tiny_lm.vocab_size)
+    apply = jax.jit(lambda lm, t, p, c, n: lm.apply(t, p, c, n))
+    cache = tiny_lm.init_cache(batch, 16)
+    positions = np.broadcast_to(np.arange(6), (batch, 6))
+    _, _, cache = apply(tiny_lm, tokens[:, :6], positions, cache, np.zeros(batch, np.int32))
+    junk = _random_tokens(2, (batch, 4), tiny_lm.vocab_size)
+    junk_positions = 6 + np.broadcast_to(np.arange(4), (batch, 4))
+    _, _, cache = apply(tiny_lm, junk, junk_positions, cache, np.full(batch, 6, np.int32))
+    logits, _, _ = apply(tiny_lm, tokens[:, 6:8], junk_positions[:, :2], cache,
+                         np.full(batch, 6, np.int32))
+    np.testing.assert_allclose(logits, tiny_lm.logits(tokens)[:, 6:8], rtol=1e-5, atol=1e-5)
+
+
+def test_causality_later_tokens_never_change_earlier_logits(tiny_lm):
+    tokens = _random_tokens(3, (2, 12), tiny_lm.vocab_size)
+    base = np.asarray(tiny_lm.logits(tokens))
+    for t in [0, 5, 11]:
+        changed = tokens.copy()
+        changed[:, t] = (changed[:, t] + 7) % tiny_lm.vocab_size
+        logits = np.asarray(tiny_lm.logits(changed))
+        np.testing.assert_array_equal(logits[:, :t], base[:, :t])
+        assert not np.allclose(logits[:, t], base[:, t])
+
+
+def test_tree_mask_with_shared_positions_equals_each_branch(tiny_lm):
+    """Two sibling branches in one forward (a token tree) give each branch's linear logits:
+    the mask and the caller-given positions decouple slots from positions."""
+    prefix = _random_tokens(4, (1, 5), tiny_lm.vocab_size)
+    branch_a = np.array([[3, 9]], np.int32)
+    branch_b = np.array([[11, 4]], np.int32)
+    cache = tiny_lm.init_cache(1, 16)
+    positions = np.arange(5)[None]
+    _, _, cache = tiny_lm.apply(prefix, positions, cache, np.zeros(1, np.int32))
+    # Slots: a0 a1 b0 b1 at positions 5 6 5 6; b never sees a and vice versa.
+    tree_tokens = np.concatenate([branch_a, branch_b], axis=1)
+    tree_positions = np.array([[5, 6, 5, 6]])
+    mask = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]], bool)[None]
+    logits, _, _ = tiny_lm.apply(tree_tokens, tree_positions, cache, np.full(1, 5, np.int32),
+                                 mask)
+    full_a = tiny_lm.logits(np.concatenate([prefix, branch_a], 1))[:, 5:]
+    full_b = tiny_lm.logits(np.concatenate([prefix, branch_b], 1))[:, 5:]
+    np.testing.assert_allclose(logits[:, :2], full_a, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits[:, 2:], full_b, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_params_give_float32_logits_close_to_float32():
+    lm32 = build_lm(5)
+    # Same weights, rounded to bfloat16 and run by the bfloat16 graph.
+    lm16 = build_lm(5, dtype="bfloat16", param_dtype="bfloat16")
+    lm16 = lm16.with_params(jax.tree.map(lambda x: x.astype(jnp.bfloat16), lm32.params))
+    leaves = jax.tree.leaves(lm16.params)
+    assert all(leaf.dtype == jnp.bfloat16 for leaf in leaves)
+    tokens = _random_tokens(5, (2, 10), lm32.vocab_size)
+    logits16 = lm16.logits(tokens)
+    assert logits16.dtype == jnp.float32
+    np.testing.assert_allclose(logits16, lm32.logits(tokens), atol=0.15)
+    cache = lm16.init_cache(2, 16)
+    assert jax.tree.leaves(cache)[0].dtype == jnp.bfloat16
+
+
+def test_llama3_8b_config_builds_abstractly_without_memory():
+    config = models.TransformerConfig(vocab_size=128_256, num_layers=32, d_model=4096,
+                                      num_heads=32, num_kv_heads=8, d_ff=14_336,
+                                      max_seq_len=8192, rope_theta=500_000.0,
+                                      rms_norm_eps=1e-5, param_dtype="bfloat16",
+                                      dtype="bfloat16")
+    abstract = nnx.eval_shape(lambda: models.Transformer(config, rngs=nnx.Rngs(0)))
+    state = nnx.state(abstract, nnx.Param)
+    assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(state))
+    assert models.count_params(state) == 8_030_261_248  # the published Llama-3-8B count
+    cache = jax.eval_shape(lambda: models.KVCache.create(config, 4, 8192))
+    assert cache.keys[0].shape == (4, 8192, 8, 128) and len(cache.keys) == 32
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"num_kv_heads": 3}, "multiple of num_kv_heads"),
+    ({"d_model": 66}, "divisible by num_heads"),
+    ({"vocab_size": 0}, "vocab_size"),
+    ({"dtype": "float64"}, "not supported"),
+])
+def test_config_refuses_inconsistent_shapes(bad, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**bad)
+
+
+def test_causal_lm_from_nnx_is_a_pytree_of_params_only(tiny_lm):
+    leaves, treedef = jax.tree.flatten(tiny_lm)
+    assert len(leaves) == len(jax.tree.leaves(tiny_lm.params))
+    rebuilt = jax.tree.unflatten(treedef, leaves)
+    assert rebuilt.apply_fn == tiny_lm.apply_fn and rebuilt.vocab_size == 32
+    # Two models with the same architecture have equal static parts: one compilation.
+    other = build_lm(9)
+    assert jax.tree.structure(other) == jax.tree.structure(tiny_lm)
+
+
+def test_causal_lm_default_logits_path_uses_the_cache_apply(tiny_lm):
+    """Without a full_forward_fn, logits() runs apply on a fresh cache: same numbers."""
+    plain = specjax.CausalLM(tiny_lm.params, tiny_lm.apply_fn, tiny_lm.init_cache_fn,
+                             vocab_size=tiny_lm.vocab_size, max_seq_len=tiny_lm.max_seq_len)
+    tokens = _random_tokens(6, (2, 9), tiny_lm.vocab_size)
+    np.testing.assert_allclose(plain.logits(tokens), tiny_lm.logits(tokens), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_from_nnx_refuses_what_it_cannot_wrap():
+    with pytest.raises(TypeError, match="nnx.Module"):
+        specjax.CausalLM.from_nnx(object())
+
+    class NoConfig(nnx.Module):
+        pass
+
+    with pytest.raises(TypeError, match="config"):
+        specjax.CausalLM.from_nnx(NoConfig())
