@@ -1,6 +1,8 @@
 """specjax: batched, sampling-exact, fully jitted speculative decoding in JAX."""
 
+from specjax import drafters
 from specjax.causal_lm import CausalLM
+from specjax.drafters import DraftModel
 from specjax.generate import DecodeState, GenerateOutput, decode_step, generate
 from specjax.sampling import (
     GREEDY,
@@ -9,6 +11,16 @@ from specjax.sampling import (
     sample_tokens,
     warp_logits,
 )
+from specjax.speculative import (
+    SpeculativeConfig,
+    SpeculativeOutput,
+    SpeculativeState,
+    SpeculativeStats,
+    init_speculative_state,
+    jitted_step,
+    speculative_generate,
+    speculative_step,
+)
 
 __version__ = "0.1.0"
 
@@ -16,11 +28,21 @@ __all__ = [
     "GREEDY",
     "CausalLM",
     "DecodeState",
+    "DraftModel",
     "GenerateOutput",
     "SamplingConfig",
+    "SpeculativeConfig",
+    "SpeculativeOutput",
+    "SpeculativeState",
+    "SpeculativeStats",
     "decode_step",
+    "drafters",
     "generate",
+    "init_speculative_state",
+    "jitted_step",
     "probabilities",
     "sample_tokens",
+    "speculative_generate",
+    "speculative_step",
     "warp_logits",
 ]

@@ -140,7 +140,8 @@ def resolve_key(key, sampling: SamplingConfig) -> Array:
 
 
 def prepare_batch(lm: CausalLM, prompts, prompt_lengths, max_new_tokens: int,
-                  sampling: SamplingConfig, eos_id, pad_id: int, *, extra_slots: int = 0):
+                  sampling: SamplingConfig, eos_id, pad_id: int, *, extra_slots: int = 0,
+                  cache_size: int | None = None):
     """Validate everything on the host; returns `(PromptBatch, capacity, eos)`."""
     if not isinstance(lm, CausalLM):
         raise TypeError(f"expected a specjax.CausalLM, got {type(lm).__name__}; wrap an NNX "
@@ -152,7 +153,7 @@ def prepare_batch(lm: CausalLM, prompts, prompt_lengths, max_new_tokens: int,
     eos = check_eos_id(eos_id, lm.vocab_size)
     unpadded = pack_prompts(prompts, prompt_lengths, lm.vocab_size, pad_id=pad_id)
     capacity = plan_capacity(unpadded.lengths, max_new_tokens, lm.max_seq_len,
-                             extra_slots=extra_slots)
+                             extra_slots=extra_slots, cache_size=cache_size)
     width = min(bucket(unpadded.tokens.shape[1]), capacity)
     padded = np.pad(unpadded.tokens, ((0, 0), (0, width - unpadded.tokens.shape[1])),
                     constant_values=pad_id)
@@ -161,7 +162,8 @@ def prepare_batch(lm: CausalLM, prompts, prompt_lengths, max_new_tokens: int,
 
 def generate(lm: CausalLM, prompts, *, max_new_tokens: int,
              sampling: SamplingConfig = SamplingConfig(), key: Array | None = None,
-             eos_id: int | None = None, prompt_lengths=None, pad_id: int = 0) -> GenerateOutput:
+             eos_id: int | None = None, prompt_lengths=None, pad_id: int = 0,
+             cache_size: int | None = None) -> GenerateOutput:
     """Autoregressive decoding of a batch of prompts, fully jitted.
 
     Args:
@@ -169,18 +171,19 @@ def generate(lm: CausalLM, prompts, *, max_new_tokens: int,
       prompts: a list of token-id lists (ragged), or an int array `[B, P]` with
         `prompt_lengths[B]` (row b's prompt is its first `prompt_lengths[b]` tokens).
       max_new_tokens: at most this many tokens per row. Traced: a new value reuses the
-        compiled loop as long as the cache bucket (next power of two of the longest
-        prompt + max_new_tokens) is unchanged.
+        compiled loop as long as the cache bucket (max(256, next power of two of the
+        longest prompt + max_new_tokens), capped at the model's max_seq_len) is unchanged.
       sampling: `SamplingConfig`; temperature 0 is greedy.
       key: PRNG key (required when sampling). Row b draws from `fold_in(step_key, b)`.
       eos_id: a row stops after emitting it (the EOS is included in the output).
       pad_id: written after each row's end.
+      cache_size: pins the cache length (default: the bucket above); too small is refused.
 
     Returns:
       `GenerateOutput(tokens int32 [B, max_new_tokens], lengths int32 [B])`.
     """
     batch, capacity, eos = prepare_batch(lm, prompts, prompt_lengths, max_new_tokens,
-                                         sampling, eos_id, pad_id)
+                                         sampling, eos_id, pad_id, cache_size=cache_size)
     state = _init_state(lm, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
                         resolve_key(key, sampling), jnp.int32(pad_id), capacity=capacity)
     state = _decode_loop(lm, state, jnp.int32(max_new_tokens), jnp.int32(eos),

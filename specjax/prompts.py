@@ -13,12 +13,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-MIN_BUCKET = 16
+MIN_PROMPT_BUCKET = 32
+MIN_CACHE_BUCKET = 256
 
 
-def bucket(n: int) -> int:
-    """The smallest power of two >= n (at least MIN_BUCKET)."""
-    return max(MIN_BUCKET, 1 << max(0, int(n) - 1).bit_length())
+def bucket(n: int, minimum: int = MIN_PROMPT_BUCKET) -> int:
+    """The smallest power of two >= n, and at least `minimum`."""
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,12 +126,13 @@ def check_eos_id(eos_id, vocab_size: int) -> int:
 
 
 def plan_capacity(lengths: np.ndarray, max_new_tokens: int, max_seq_len: int | None, *,
-                  extra_slots: int = 0) -> int:
+                  extra_slots: int = 0, cache_size: int | None = None) -> int:
     """Cache slots for these prompts: a power-of-two bucket of the longest need.
 
     `extra_slots` is scratch room beyond the last committed token (a speculative step
     writes K+1 tokens past the committed length). Raises when the longest prompt plus
-    `max_new_tokens` exceeds the model's `max_seq_len`.
+    `max_new_tokens` exceeds the model's `max_seq_len`, or when a given `cache_size` is
+    too small. Positions never exceed what plain decoding uses for any kept token.
     """
     longest = int(lengths.max())
     needed = longest + max_new_tokens
@@ -140,7 +142,19 @@ def plan_capacity(lengths: np.ndarray, max_new_tokens: int, max_seq_len: int | N
             f"prompt {row} has {longest} tokens and max_new_tokens={max_new_tokens}: "
             f"{needed} positions exceed the model's max_seq_len={max_seq_len}; shorten the "
             f"prompt or lower max_new_tokens to at most {max_seq_len - longest}")
-    capacity = bucket(needed + extra_slots)
+    if cache_size is not None:
+        if isinstance(cache_size, bool) or not isinstance(cache_size, (int, np.integer)):
+            raise TypeError(f"cache_size must be an int, got {cache_size!r}")
+        if cache_size < needed + extra_slots:
+            scratch = f" + {extra_slots} scratch slots (K + 1)" if extra_slots else ""
+            raise ValueError(
+                f"cache_size={cache_size} is too small: the longest prompt ({longest}) + "
+                f"max_new_tokens ({max_new_tokens}){scratch} needs {needed + extra_slots} "
+                "slots; raise cache_size or leave it None to size the cache automatically")
+        return int(cache_size)
+    # Short requests share one compiled decoder: caches are at least MIN_CACHE_BUCKET
+    # slots (capped by the model's max_seq_len) and otherwise a power of two.
+    capacity = bucket(needed + extra_slots, MIN_CACHE_BUCKET)
     if max_seq_len is not None:
         capacity = min(capacity, max(max_seq_len, 0) + extra_slots)
     return max(capacity, needed + extra_slots)

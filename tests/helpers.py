@@ -79,3 +79,38 @@ class TokenCache:
 def plus_one_lm(vocab: int = 16, max_seq_len: int | None = 256) -> specjax.CausalLM:
     return specjax.CausalLM({"unused": jnp.zeros((1,), jnp.float32)}, PlusOneApply(vocab),
                             TokenCache(), vocab_size=vocab, max_seq_len=max_seq_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableApply:
+    """Bigram model: the next-token logits are `params["table"][current token]`.
+
+    A unigram model is a table with identical rows. Exactly enumerable, context-free
+    enough to give i.i.d. acceptance, and able to put zero mass (-inf) anywhere.
+    """
+
+    def __call__(self, params, tokens, positions, cache, cache_lengths, new_mask=None):
+        logits = jnp.take(params["table"], tokens, axis=0).astype(jnp.float32)
+        return logits, logits, cache
+
+
+def table_lm(table) -> specjax.CausalLM:
+    table = jnp.asarray(table, jnp.float32)
+    return specjax.CausalLM({"table": table}, TableApply(), TokenCache(),
+                            vocab_size=int(table.shape[1]), max_seq_len=None)
+
+
+def unigram_lm(logits, vocab_rows: int | None = None) -> specjax.CausalLM:
+    """Context-free model; `vocab_rows` is the input vocabulary (default: the output's)."""
+    logits = np.asarray(logits, np.float32)
+    rows = vocab_rows or logits.shape[0]
+    return table_lm(np.tile(logits[None], (rows, 1)))
+
+
+def perturbed(lm: specjax.CausalLM, scale: float, seed: int) -> specjax.CausalLM:
+    """The same architecture with every weight nudged by relative Gaussian noise."""
+    leaves, treedef = jax.tree.flatten(lm.params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    noisy = [x * (1 + scale * jax.random.normal(k, x.shape, x.dtype))
+             for x, k in zip(leaves, keys, strict=True)]
+    return lm.with_params(jax.tree.unflatten(treedef, noisy))

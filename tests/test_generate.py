@@ -91,6 +91,8 @@ def test_no_recompilation_for_new_contents_key_or_max_new_tokens(tiny_lm):
              key=jax.random.key(1))
     generate(tiny_lm, [[3], [1, 1, 1, 1]], max_new_tokens=2, sampling=config,
              key=jax.random.key(2))
+    generate(tiny_lm, [[3] * 20, [1]], max_new_tokens=100, sampling=config,
+             key=jax.random.key(3))
     assert _decode_loop._cache_size() == loops
     assert _init_state._cache_size() == inits
 

@@ -1,0 +1,85 @@
+"""The drafter interface (DESIGN.md section 6) shared by the whole method family.
+
+A drafter is a pytree (its model parameters are leaves, its settings static) with its own
+state and three pure functions, all called inside the jitted speculative step:
+
+- `init(prompt_tokens[B,P], prompt_lengths[B], capacity) -> state`: once, at prefill.
+- `propose(state, context, key, *, num_draft_tokens, sampling, vocab_size)
+   -> (state, Proposal)`: K draft tokens per row and the distribution each was drawn from.
+- `commit(state, Commit) -> state`: after verification, with every row's accepted count.
+
+The context gives every drafter the committed token buffer, so model-free drafters
+(n-gram lookup, retrieval) need no state, and the commit passes the target's hidden
+states of the verified positions, for drafters that read them (Medusa, EAGLE, MTP).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import jax
+from jax import Array
+
+from specjax.causal_lm import CausalLM
+from specjax.sampling import SamplingConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DraftContext:
+    """What every drafter may read: `sequence` int32 [B, S] holds each row's committed
+    tokens (prompt then generated) in slots `[0, lengths[b])`; later slots are scratch."""
+
+    sequence: Array
+    lengths: Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    """K linear draft tokens per row.
+
+    tokens: int32 [B, K]. q: float32 [B, K, V_target], the distribution each token was
+    actually drawn from (one-hot for deterministic drafts). Exactness depends on q being
+    exactly that distribution, over the TARGET's vocabulary.
+    """
+
+    tokens: Array
+    q: Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Commit:
+    """The outcome of one verification, per row.
+
+    old_lengths / new_lengths: int32 [B] committed tokens before and after the step
+    (new - old tokens were emitted: the accepted drafts, then the correction or bonus,
+    cut at EOS or max_new_tokens). num_accepted: int32 [B] leading drafts accepted.
+    sequence: the token buffer after the step. target_hidden: [B, K+1, D] target features
+    at the verified positions (last committed token, then the K drafts). active: bool [B],
+    rows that took part in the step.
+    """
+
+    old_lengths: Array
+    new_lengths: Array
+    num_accepted: Array
+    sequence: Array
+    target_hidden: Array
+    active: Array
+
+
+class Drafter(Protocol):
+    def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
+        """Refuse (on the host, before tracing) a target this drafter cannot serve."""
+
+    def forwards_per_step(self, num_draft_tokens: int) -> int:
+        """Draft model forwards per `propose` (0 for model-free drafters)."""
+
+    def init(self, prompt_tokens_BP: Array, prompt_lengths_B: Array, capacity: int) -> Any: ...
+
+    def propose(self, state: Any, context: DraftContext, key: Array, *, num_draft_tokens: int,
+                sampling: SamplingConfig, vocab_size: int) -> tuple[Any, Proposal]: ...
+
+    def commit(self, state: Any, commit: Commit) -> Any: ...

@@ -1,0 +1,158 @@
+"""An independent draft model (Leviathan et al. 2022, Chen et al. 2023) with its own cache.
+
+Cache bookkeeping. Like the target, the draft cache holds committed tokens and the last
+committed token is fed at the next step. After a step that accepted all K drafts plus the
+bonus, the draft never saw the K-th draft (it only fed the last token and drafts
+1..K-1), so it lags by one token. Rather than a data-dependent branch, the first draft
+forward of every step takes TWO tokens per row: either the missing token and the last
+one (lag 1), or the last one and a scratch token whose output is ignored and whose slot
+the next draft overwrites (lag 0). Static shapes, no `lax.cond`, one code path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from specjax.causal_lm import CausalLM
+from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.generate import prefill
+from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
+
+DRAFT_METHODS = ("sample", "greedy")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DraftModelState:
+    """cache: the draft's cache. cache_lengths: int32 [B], committed tokens in it (one or
+    two short of the committed length, see the module docstring)."""
+
+    cache: Any
+    cache_lengths: Array
+
+
+def fit_vocab(logits_BV: Array, vocab_size: int) -> Array:
+    """Draft logits over the target's vocabulary: extra draft ids are dropped; target ids
+    the draft lacks get -inf (zero draft probability)."""
+    draft_vocab = logits_BV.shape[-1]
+    if draft_vocab > vocab_size:
+        return logits_BV[..., :vocab_size]
+    if draft_vocab < vocab_size:
+        pad = jnp.full(logits_BV.shape[:-1] + (vocab_size - draft_vocab,), -jnp.inf,
+                       logits_BV.dtype)
+        return jnp.concatenate([logits_BV, pad], axis=-1)
+    return logits_BV
+
+
+@jax.tree_util.register_pytree_node_class
+class DraftModel:
+    """Draft with a smaller causal LM that shares the target's tokenizer.
+
+    method="sample": each draft token is drawn from the draft's distribution warped with
+      the target's SamplingConfig, and that distribution is q.
+    method="greedy": each draft token is the draft's argmax and q is one-hot on it
+      (accept with probability p(x); on rejection sample from p with x removed).
+    Both are exact. With a greedy target (temperature 0) both draft the argmax.
+
+    Vocabularies may differ by padding (e.g. 151936 vs 152064): ids only the target has get
+    zero draft probability, ids only the draft has are never drafted, and target tokens
+    the draft lacks are fed to it as its last id (only draft quality changes). A larger
+    difference than `max_vocab_padding` means different tokenizers and is refused.
+    """
+
+    def __init__(self, lm: CausalLM, method: str = "sample", *, max_vocab_padding: int = 1024):
+        if not isinstance(lm, CausalLM):
+            raise TypeError(f"DraftModel needs a specjax.CausalLM, got {type(lm).__name__}")
+        if method not in DRAFT_METHODS:
+            raise ValueError(f"method must be one of {DRAFT_METHODS}, got {method!r}")
+        self.lm = lm
+        self.method = method
+        self.max_vocab_padding = max_vocab_padding
+
+    def tree_flatten(self):
+        return (self.lm,), (self.method, self.max_vocab_padding)
+
+    @classmethod
+    def tree_unflatten(cls, static, children):
+        drafter = object.__new__(cls)
+        drafter.lm = children[0]
+        drafter.method, drafter.max_vocab_padding = static
+        return drafter
+
+    def __repr__(self):
+        return f"DraftModel({self.lm!r}, method={self.method!r})"
+
+    # -- host-side checks ----------------------------------------------------------------
+    def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
+        diff = abs(self.lm.vocab_size - target.vocab_size)
+        if diff > self.max_vocab_padding:
+            raise ValueError(
+                f"draft vocab_size {self.lm.vocab_size} and target vocab_size "
+                f"{target.vocab_size} differ by {diff} ids: draft and target must share a "
+                "tokenizer. If one vocabulary really is a padded prefix of the other, pass "
+                f"DraftModel(..., max_vocab_padding={diff})")
+
+    def forwards_per_step(self, num_draft_tokens: int) -> int:
+        return num_draft_tokens
+
+    # -- traced ----------------------------------------------------------------------------
+    def init(self, prompt_tokens_BP: Array, prompt_lengths_B: Array,
+             capacity: int) -> DraftModelState:
+        batch = prompt_tokens_BP.shape[0]
+        cache = self.lm.init_cache(batch, capacity)
+        cache, cache_lengths, _ = prefill(self.lm, cache, self._clip(prompt_tokens_BP),
+                                          prompt_lengths_B)
+        return DraftModelState(cache, cache_lengths.astype(jnp.int32))
+
+    def _clip(self, tokens: Array) -> Array:
+        return jnp.minimum(tokens, self.lm.vocab_size - 1)
+
+    def _draw(self, key: Array, logits_BV: Array, sampling: SamplingConfig,
+              vocab_size: int) -> tuple[Array, Array]:
+        logits_BV = fit_vocab(logits_BV.astype(jnp.float32), vocab_size)
+        if self.method == "greedy" or sampling.greedy:
+            token_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+            return token_B, jax.nn.one_hot(token_B, vocab_size, dtype=jnp.float32)
+        q_BV = probabilities(logits_BV, sampling)
+        return sample_from_probs(row_keys(key, q_BV.shape[0]), q_BV), q_BV
+
+    def propose(self, state: DraftModelState, context: DraftContext, key: Array, *,
+                num_draft_tokens: int, sampling: SamplingConfig,
+                vocab_size: int) -> tuple[DraftModelState, Proposal]:
+        lengths_B = context.lengths
+        lag_B = (lengths_B - 1) - state.cache_lengths  # 0 or 1
+        start_B = state.cache_lengths
+        offsets_2 = jnp.arange(2, dtype=jnp.int32)
+        first_tokens_B2 = jnp.take_along_axis(context.sequence,
+                                              start_B[:, None] + offsets_2[None, :], axis=1)
+        logits_B2V, _, cache = self.lm.apply(self._clip(first_tokens_B2),
+                                             start_B[:, None] + offsets_2[None, :],
+                                             state.cache, start_B)
+        step_keys = jax.random.split(key, num_draft_tokens)
+        first_logits_BV = jnp.take_along_axis(logits_B2V, lag_B[:, None, None], axis=1)[:, 0]
+        token_B, q_BV = self._draw(step_keys[0], first_logits_BV, sampling, vocab_size)
+
+        def draft_one(carry, step_key):
+            cache, token_B, position_B = carry
+            logits_B1V, _, cache = self.lm.apply(self._clip(token_B)[:, None],
+                                                 position_B[:, None], cache, position_B)
+            next_B, q_BV = self._draw(step_key, logits_B1V[:, 0], sampling, vocab_size)
+            return (cache, next_B, position_B + 1), (next_B, q_BV)
+
+        (cache, _, _), (rest_KB, rest_q_KBV) = jax.lax.scan(
+            draft_one, (cache, token_B, lengths_B), step_keys[1:])
+        tokens_BK = jnp.concatenate([token_B[:, None], rest_KB.T], axis=1)
+        q_BKV = jnp.concatenate([q_BV[:, None], jnp.transpose(rest_q_KBV, (1, 0, 2))], axis=1)
+        # The draft fed the last committed token and drafts 1..K-1.
+        new_state = DraftModelState(cache, lengths_B - 1 + num_draft_tokens)
+        return new_state, Proposal(tokens=tokens_BK, q=q_BKV)
+
+    def commit(self, state: DraftModelState, commit: Commit) -> DraftModelState:
+        # Committed tokens the draft has seen: all but the new last one, at most what it fed.
+        return DraftModelState(state.cache,
+                               jnp.minimum(commit.new_lengths - 1, state.cache_lengths))

@@ -1,0 +1,282 @@
+"""specjax.speculative: exactness (greedy equality, chi-square of 3-token joints), edge
+cases, stats, reproducibility, compilation and errors, all at batch > 1."""
+
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import build_lm
+from helpers import chi_square_pvalue, enumerate_joint, perturbed, table_lm, unigram_lm
+
+import specjax
+from specjax import GREEDY, DraftModel, SamplingConfig, generate, speculative_generate
+from specjax.speculative import _speculative_loop
+
+PROMPTS = [[1, 2, 3, 4], [7, 7], [30, 2, 5, 9, 11, 3], [4]]
+
+
+@pytest.fixture(scope="session")
+def close_draft(tiny_lm):
+    return perturbed(tiny_lm, 0.05, seed=1)
+
+
+@pytest.fixture(scope="session")
+def random_draft():
+    return build_lm(17, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1, d_ff=64)
+
+
+@pytest.mark.parametrize("num_draft_tokens", [1, 2, 4, 7])
+@pytest.mark.parametrize("which", ["close", "random"])
+def test_greedy_speculative_equals_greedy_generate(tiny_lm, close_draft, random_draft,
+                                                   num_draft_tokens, which):
+    draft = close_draft if which == "close" else random_draft
+    plain = generate(tiny_lm, PROMPTS, max_new_tokens=24, sampling=GREEDY)
+    # An EOS that row 0 really emits at step 6, so rows stop at different places.
+    eos = int(plain.tokens[0, 5])
+    plain = generate(tiny_lm, PROMPTS, max_new_tokens=24, sampling=GREEDY, eos_id=eos)
+    spec = speculative_generate(tiny_lm, draft, PROMPTS, max_new_tokens=24,
+                                num_draft_tokens=num_draft_tokens, sampling=GREEDY, eos_id=eos)
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+    np.testing.assert_array_equal(spec.lengths, plain.lengths)
+    assert int(plain.lengths[0]) <= 6
+
+
+@pytest.mark.parametrize("method", ["sample", "greedy"])
+def test_greedy_speculative_with_greedy_or_sampled_draft_method(tiny_lm, close_draft, method):
+    plain = generate(tiny_lm, PROMPTS, max_new_tokens=16, sampling=GREEDY)
+    spec = speculative_generate(tiny_lm, DraftModel(close_draft, method), PROMPTS,
+                                max_new_tokens=16, num_draft_tokens=3, sampling=GREEDY)
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=1.0)])
+def test_draft_identical_to_target_accepts_everything(tiny_lm, sampling):
+    k = 3
+    spec = speculative_generate(tiny_lm, tiny_lm, PROMPTS, max_new_tokens=20,
+                                num_draft_tokens=k, sampling=sampling, key=jax.random.key(0))
+    stats = spec.stats
+    assert stats.acceptance_rate == 1.0
+    np.testing.assert_array_equal(stats.accepted, stats.proposed)
+    # Every forward emits K+1 tokens; the last is cut at max_new_tokens=20.
+    np.testing.assert_array_equal(stats.target_forwards, np.full(4, 5))
+    np.testing.assert_array_equal(stats.draft_forwards, np.full(4, 5 * k))
+    assert stats.accepted_per_position.tolist() == [1.0, 1.0, 1.0]
+
+
+# ---------------------------------------------------------------- distribution tests
+
+STAT_PROMPT = [1, 5, 2]
+STAT_ROWS = 30_000
+
+
+@pytest.fixture(scope="session")
+def micro_drafts(micro_lm):
+    far = build_lm(11, vocab_size=8, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1,
+                   d_ff=32, max_seq_len=64)
+    far = far.with_params(jax.tree.map(lambda x: 3.0 * x, far.params))  # sharper, elsewhere
+    return {"close": perturbed(micro_lm, 0.1, seed=2), "far": far}
+
+
+def _joint_pvalue(target, draft, sampling, num_draft_tokens, seed, *, method="sample"):
+    out = speculative_generate(target, DraftModel(draft, method) if method else draft,
+                               [STAT_PROMPT] * STAT_ROWS, max_new_tokens=3,
+                               num_draft_tokens=num_draft_tokens, sampling=sampling,
+                               key=jax.random.key(seed))
+    assert np.all(np.asarray(out.lengths) == 3)
+    joint = enumerate_joint(target, STAT_PROMPT, 3, sampling)
+    return chi_square_pvalue(np.asarray(out.tokens), joint), out
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.7, top_k=4),
+    SamplingConfig(temperature=1.0, top_p=0.8),
+], ids=["t1", "t0.7-topk4", "topp0.8"])
+@pytest.mark.parametrize("method", ["sample", "greedy"])
+@pytest.mark.parametrize("which", ["close", "far"])
+def test_sampling_is_exact_chi_square_joint_of_three_tokens(micro_lm, micro_drafts, sampling,
+                                                            method, which):
+    pvalue, out = _joint_pvalue(micro_lm, micro_drafts[which], sampling, 2, seed=100,
+                                method=method)
+    assert pvalue > 1e-3, (pvalue, out.stats.acceptance_rate)
+    # Speculation did happen: drafts were both accepted and rejected.
+    assert 0.0 < out.stats.acceptance_rate < 1.0
+
+
+def test_chi_square_has_power_against_the_draft_distribution(micro_lm, micro_drafts):
+    """The draft's own joint is rejected on the same samples: the test can fail."""
+    sampling = SamplingConfig(temperature=1.0)
+    _, out = _joint_pvalue(micro_lm, micro_drafts["far"], sampling, 2, seed=101)
+    draft_joint = enumerate_joint(micro_drafts["far"], STAT_PROMPT, 3, sampling)
+    assert chi_square_pvalue(np.asarray(out.tokens), draft_joint) < 1e-6
+
+
+def test_longer_blocks_are_exact_too(micro_lm, micro_drafts):
+    pvalue, out = _joint_pvalue(micro_lm, micro_drafts["close"], SamplingConfig(temperature=0.9),
+                                5, seed=102)
+    assert pvalue > 1e-3
+    assert out.stats.mean_accepted_length > 1.5
+
+
+VOCAB = 6
+BIGRAM = np.random.default_rng(0).normal(size=(VOCAB, VOCAB)).astype(np.float32) * 1.5
+
+
+@pytest.mark.parametrize("case", ["zero_mass", "disjoint", "identical", "draft_smaller_vocab",
+                                  "draft_larger_vocab"])
+def test_edge_cases_stay_exact(case):
+    sampling = SamplingConfig(temperature=1.0)
+    target_table = BIGRAM.copy()
+    if case == "disjoint":
+        target_table[:, 3:] = -np.inf        # target lives on {0, 1, 2}
+        draft = unigram_lm([-np.inf, -np.inf, -np.inf, 0.0, 0.5, 1.0])
+    elif case == "zero_mass":
+        draft = unigram_lm([-np.inf, -np.inf, 0.0, 1.0, 0.2, 0.4])  # no mass on 0, 1
+    elif case == "identical":
+        draft = table_lm(target_table)
+    elif case == "draft_smaller_vocab":      # the draft knows only ids 0..4
+        draft = unigram_lm([0.1, 0.5, 0.0, 1.0, 0.3], vocab_rows=5)
+    else:                                    # the draft has two extra ids
+        draft = unigram_lm([0.1, 0.5, 0.0, 1.0, 0.3, 0.0, 2.0, 2.0], vocab_rows=8)
+    target = table_lm(target_table)
+    out = speculative_generate(target, draft, [[1, 2]] * STAT_ROWS, max_new_tokens=3,
+                               num_draft_tokens=3, sampling=sampling, key=jax.random.key(5))
+    joint = enumerate_joint(target, [1, 2], 3, sampling)
+    assert chi_square_pvalue(np.asarray(out.tokens), joint) > 1e-3
+    if case == "disjoint":
+        assert out.stats.acceptance_rate == 0.0
+    if case == "identical":
+        assert out.stats.acceptance_rate == 1.0
+
+
+def test_bfloat16_params_are_exact_with_float32_maths(micro_lm, micro_drafts):
+    cast = lambda lm: lm.with_params(jax.tree.map(lambda x: x.astype(jnp.bfloat16), lm.params))
+    target16 = build_lm(3, vocab_size=8, num_layers=1, d_model=16, num_heads=2,
+                        num_kv_heads=1, d_ff=32, max_seq_len=64, dtype="bfloat16",
+                        param_dtype="bfloat16").with_params(cast(micro_lm).params)
+    draft16 = build_lm(3, vocab_size=8, num_layers=1, d_model=16, num_heads=2,
+                       num_kv_heads=1, d_ff=32, max_seq_len=64, dtype="bfloat16",
+                       param_dtype="bfloat16").with_params(cast(micro_drafts["close"]).params)
+    pvalue, out = _joint_pvalue(target16, draft16, SamplingConfig(temperature=1.0), 2, seed=103)
+    assert pvalue > 1e-3
+    assert 0.0 < out.stats.acceptance_rate < 1.0
+
+
+# ---------------------------------------------------------------- stats
+
+def test_stats_are_consistent(tiny_lm, close_draft):
+    out = speculative_generate(tiny_lm, close_draft, PROMPTS, max_new_tokens=30,
+                               num_draft_tokens=4, sampling=SamplingConfig(temperature=1.0),
+                               key=jax.random.key(1))
+    s = out.stats
+    assert s.acceptance_rate == pytest.approx(s.accepted.sum() / s.proposed.sum())
+    assert s.mean_accepted_length == pytest.approx(s.emitted.sum() / s.target_forwards.sum())
+    np.testing.assert_array_equal(s.emitted, out.lengths)
+    np.testing.assert_array_equal(s.proposed, 4 * s.target_forwards)
+    per_position = s.row_accepted_per_position
+    assert np.all(np.diff(per_position, axis=1) <= 0)  # a prefix: j+1 accepted => j accepted
+    np.testing.assert_allclose(per_position.sum(1) * s.target_forwards, s.accepted)
+    assert s.num_steps == s.target_forwards.max()
+    assert set(s.as_dict()) >= {"acceptance_rate", "mean_accepted_length",
+                                "accepted_per_position", "target_forwards", "draft_forwards"}
+
+
+# ---------------------------------------------------------------- reproducibility
+
+REPRO_SCRIPT = textwrap.dedent("""
+    import jax, numpy as np
+    from flax import nnx
+    import models, specjax
+    def lm(seed, **kw):
+        cfg = dict(vocab_size=32, num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
+                   d_ff=128, max_seq_len=128)
+        cfg.update(kw)
+        return specjax.CausalLM.from_nnx(models.Transformer(models.TransformerConfig(**cfg),
+                                                            rngs=nnx.Rngs(seed)))
+    out = specjax.speculative_generate(
+        lm(0), lm(17, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1, d_ff=64),
+        [[1, 2, 3, 4], [7, 7], [30, 2, 5, 9, 11, 3], [4]], max_new_tokens=16,
+        num_draft_tokens=3, sampling=specjax.SamplingConfig(temperature=1.0),
+        key=jax.random.key(1234))
+    print(np.asarray(out.tokens).tolist())
+""")
+
+
+def test_same_key_same_tokens_in_this_process_and_a_fresh_one(tiny_lm, random_draft):
+    call = lambda key: speculative_generate(tiny_lm, random_draft, PROMPTS, max_new_tokens=16,
+                                            num_draft_tokens=3,
+                                            sampling=SamplingConfig(temperature=1.0), key=key)
+    first = np.asarray(call(jax.random.key(1234)).tokens)
+    np.testing.assert_array_equal(first, call(jax.random.key(1234)).tokens)
+    assert not np.array_equal(first, call(jax.random.key(4321)).tokens)
+    fresh = subprocess.run([sys.executable, "-c", REPRO_SCRIPT], capture_output=True,
+                           text=True, check=True)
+    assert eval(fresh.stdout.strip().splitlines()[-1]) == first.tolist()
+
+
+def test_a_rows_tokens_do_not_depend_on_its_batch_mates(tiny_lm, close_draft):
+    """Row b draws from fold_in(step key, b): adding rows after it changes nothing, provided
+    its logits are bit-identical in both batches (true on CPU for these shapes; a backend
+    whose matmul blocking changes with the batch size may flip a near-tie)."""
+    call = lambda prompts: speculative_generate(tiny_lm, close_draft, prompts,
+                                                max_new_tokens=16, num_draft_tokens=3,
+                                                sampling=SamplingConfig(temperature=1.0),
+                                                key=jax.random.key(9))
+    alone = call([PROMPTS[2]])
+    crowd = call([PROMPTS[2]] + PROMPTS)  # row 0 keeps its index, so its keys
+    np.testing.assert_array_equal(alone.tokens[0], crowd.tokens[0])
+
+
+def test_no_recompilation_for_new_contents_key_or_max_new_tokens(tiny_lm, close_draft):
+    call = lambda prompts, n, seed: speculative_generate(
+        tiny_lm, close_draft, prompts, max_new_tokens=n, num_draft_tokens=2,
+        sampling=SamplingConfig(temperature=0.8), key=jax.random.key(seed))
+    call([[1, 2, 3], [4, 5]], 10, 0)
+    compiled = _speculative_loop._cache_size()
+    call([[9, 8, 7], [6, 5, 4]], 40, 1)
+    call([[3], [2, 2, 2, 2]], 5, 2)
+    call([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [8]], 90, 3)
+    assert _speculative_loop._cache_size() == compiled
+
+
+# ---------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"num_draft_tokens": 0}, ValueError, "num_draft_tokens must be an int >= 1"),
+    ({"cache_size": 20}, ValueError, r"cache_size=20 is too small.*\+ 5 scratch slots"),
+    ({"prompts": [[1, 2], []]}, ValueError, "prompt 1 is empty"),
+    ({"prompts": [[1, 99]]}, ValueError, "outside the model's vocabulary"),
+    ({"max_new_tokens": 200}, ValueError, "exceed the model's max_seq_len"),
+    ({"sampling": SamplingConfig(temperature=1.0)}, ValueError, "needs a PRNG key"),
+    ({"draft": object()}, TypeError, "draft must be a specjax.CausalLM or a drafter"),
+])
+def test_bad_inputs_are_refused_before_tracing(tiny_lm, close_draft, kwargs, error, message):
+    call = {"prompts": [[1, 2, 3]], "max_new_tokens": 16, "num_draft_tokens": 4,
+            "sampling": GREEDY, "draft": close_draft}
+    call.update(kwargs)
+    prompts, draft = call.pop("prompts"), call.pop("draft")
+    with pytest.raises(error, match=message):
+        speculative_generate(tiny_lm, draft, prompts, **call)
+
+
+def test_unrelated_vocabularies_are_refused(tiny_lm):
+    other = build_lm(2, vocab_size=2000)
+    with pytest.raises(ValueError, match="must share a tokenizer"):
+        speculative_generate(tiny_lm, other, [[1, 2]], max_new_tokens=4, num_draft_tokens=2,
+                             sampling=GREEDY)
+    with pytest.raises(ValueError, match="method must be one of"):
+        DraftModel(tiny_lm, method="typical")
+
+
+def test_padded_vocab_pair_matches_greedy_generate(tiny_lm):
+    """A draft over a 24-id prefix of the target's 32 ids (as Qwen2.5 pairs differ)."""
+    small = build_lm(4, vocab_size=24)
+    plain = generate(tiny_lm, PROMPTS, max_new_tokens=12, sampling=GREEDY)
+    spec = speculative_generate(tiny_lm, DraftModel(small, max_vocab_padding=8), PROMPTS,
+                                max_new_tokens=12, num_draft_tokens=3, sampling=GREEDY)
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+    assert specjax.speculative_generate is speculative_generate
