@@ -5,6 +5,7 @@ from models.transformer import (
     Transformer,
     TransformerConfig,
     count_params,
+    first_layers,
 )
 
-__all__ = ["KVCache", "Transformer", "TransformerConfig", "count_params"]
+__all__ = ["KVCache", "Transformer", "TransformerConfig", "count_params", "first_layers"]

@@ -310,3 +310,19 @@ def count_params(model_or_state) -> int:
     if isinstance(model_or_state, nnx.Module):
         state = nnx.state(model_or_state, nnx.Param)
     return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state))
+
+
+def first_layers(model: Transformer, num_layers: int) -> Transformer:
+    """A shallower copy of `model`: its first `num_layers` blocks with the same embeddings,
+    final norm and head (a layer-truncated draft sharing the target's tokenizer)."""
+    if not 1 <= num_layers <= model.config.num_layers:
+        raise ValueError(f"num_layers must be in [1, {model.config.num_layers}], got "
+                         f"{num_layers}")
+    config = dataclasses.replace(model.config, num_layers=num_layers)
+    shallow = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    state = nnx.state(model, nnx.Param)
+    kept = nnx.state(shallow, nnx.Param)
+    flat_source = dict(nnx.to_flat_state(state))
+    updated = [(path, flat_source[path]) for path, _ in nnx.to_flat_state(kept)]
+    nnx.update(shallow, nnx.from_flat_state(updated))
+    return shallow

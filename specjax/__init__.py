@@ -1,6 +1,6 @@
 """specjax: batched, sampling-exact, fully jitted speculative decoding in JAX."""
 
-from specjax import drafters
+from specjax import analysis, drafters
 from specjax.causal_lm import CausalLM
 from specjax.drafters import DraftModel
 from specjax.generate import DecodeState, GenerateOutput, decode_step, generate
@@ -21,6 +21,7 @@ from specjax.speculative import (
     speculative_generate,
     speculative_step,
 )
+from specjax.streaming import StreamChunk, speculative_stream
 
 __version__ = "0.1.0"
 
@@ -35,6 +36,8 @@ __all__ = [
     "SpeculativeOutput",
     "SpeculativeState",
     "SpeculativeStats",
+    "StreamChunk",
+    "analysis",
     "decode_step",
     "drafters",
     "generate",
@@ -44,5 +47,6 @@ __all__ = [
     "sample_tokens",
     "speculative_generate",
     "speculative_step",
+    "speculative_stream",
     "warp_logits",
 ]

@@ -50,7 +50,8 @@ class SpeculativeState:
     sequence int32 [B, S]; lengths, prompt_lengths int32 [B]; target_cache; drafter_state;
     done bool [B]; key (the one PRNG key); max_new_tokens, eos_id int32 scalars (traced:
     new values do not recompile; eos -1 is none). Counters per row, int32: target_forwards,
-    draft_forwards, proposed, accepted, accepted_per_position [B, K]. Last step, per row:
+    draft_forwards, proposed, checked (drafts up to and including the first rejection),
+    accepted, accepted_per_position [B, K]. Last step, per row:
     step_accepted (drafts accepted), step_emitted (tokens committed). num_steps: verify
     forwards run for the batch.
     """
@@ -67,6 +68,7 @@ class SpeculativeState:
     target_forwards: Array
     draft_forwards: Array
     proposed: Array
+    checked: Array
     accepted: Array
     accepted_per_position: Array
     step_accepted: Array
@@ -104,7 +106,7 @@ def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengt
         drafter_state=drafter.init(prompt_tokens_BP, prompt_lengths_B, capacity),
         done=jnp.zeros((batch,), bool), key=key, max_new_tokens=max_new_tokens,
         eos_id=eos_id, target_forwards=zeros, draft_forwards=zeros, proposed=zeros,
-        accepted=zeros,
+        checked=zeros, accepted=zeros,
         accepted_per_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
         step_accepted=zeros, step_emitted=zeros, num_steps=jnp.zeros((), jnp.int32))
 
@@ -201,6 +203,7 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
         target_forwards=state.target_forwards + active_i,
         draft_forwards=state.draft_forwards + active_i * drafter.forwards_per_step(num_draft),
         proposed=state.proposed + active_i * num_draft,
+        checked=state.checked + active_i * jnp.minimum(num_accepted_B + 1, num_draft),
         accepted=state.accepted + active_i * num_accepted_B,
         accepted_per_position=state.accepted_per_position
         + (acceptance.accepted & active_B[:, None]).astype(jnp.int32),
@@ -237,14 +240,20 @@ def _generated_tokens(state: SpeculativeState, pad_id: Array) -> Array:
 class SpeculativeStats:
     """Metrics of DESIGN.md section 7, per row (numpy arrays [B]) and overall (floats).
 
-    acceptance_rate: accepted drafts / proposed drafts. mean_accepted_length: emitted
-    tokens / target forwards (includes the bonus or correction token; plain AR = 1.0).
+    acceptance_rate: accepted drafts / proposed drafts (DESIGN.md's alpha).
+    position_acceptance_rate: accepted drafts / checked drafts, where a step checks its
+      drafts up to and including the first rejection. This estimates the per-position
+      acceptance probability beta that the i.i.d. model uses: E[tau] = (1 - beta^(K+1)) /
+      (1 - beta). The two differ: with i.i.d. beta, acceptance_rate = sum_j beta^j / K.
+    mean_accepted_length: emitted tokens / target forwards (includes the bonus or
+      correction token; plain AR = 1.0).
     accepted_per_position [K]: fraction of verify steps whose draft j was accepted.
     target_forwards / draft_forwards: per row, while the row was running (prefill
     excluded); num_steps: batched verify forwards run.
     """
 
     acceptance_rate: float
+    position_acceptance_rate: float
     mean_accepted_length: float
     accepted_per_position: np.ndarray
     target_forwards: np.ndarray
@@ -268,6 +277,8 @@ class SpeculativeStats:
         safe = lambda n: np.maximum(n, 1)
         return cls(
             acceptance_rate=float(accepted.sum() / max(proposed.sum(), 1)),
+            position_acceptance_rate=float(accepted.sum()
+                                           / max(np.asarray(host(state.checked)).sum(), 1)),
             mean_accepted_length=float(emitted.sum() / max(forwards.sum(), 1)),
             accepted_per_position=per_pos.sum(0) / max(forwards.sum(), 1),
             target_forwards=forwards, draft_forwards=np.asarray(host(state.draft_forwards)),

@@ -1,0 +1,63 @@
+"""Analytical speed model of speculative decoding (Leviathan et al. 2022, section 3).
+
+With an i.i.d. per-position acceptance rate alpha and K drafts per step, the expected
+tokens per target forward is tau = (1 - alpha^(K+1)) / (1 - alpha) (K+1 when alpha = 1).
+If a draft step costs c target steps and a (K+1)-token verify forward costs v target
+steps (v ~ 1 when decoding is memory-bound), the ideal speedup over plain decoding is
+tau / (K c + v).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _check_alpha(alpha):
+    alpha = np.asarray(alpha, np.float64)
+    if np.any((alpha < 0) | (alpha > 1)) or np.any(np.isnan(alpha)):
+        raise ValueError(f"acceptance rate alpha must be in [0, 1], got {alpha}")
+    return alpha
+
+
+def _check_k(num_draft_tokens):
+    k = np.asarray(num_draft_tokens)
+    if not np.issubdtype(k.dtype, np.integer) or np.any(k < 1):
+        raise ValueError(f"num_draft_tokens must be integers >= 1, got {num_draft_tokens}")
+    return k
+
+
+def expected_tokens_per_forward(alpha, num_draft_tokens):
+    """E[tokens per target forward] = (1 - alpha^(K+1)) / (1 - alpha); broadcasts."""
+    alpha, k = _check_alpha(alpha), _check_k(num_draft_tokens)
+    safe = np.where(alpha == 1.0, 0.5, alpha)
+    result = np.where(alpha == 1.0, k + 1.0, (1 - safe ** (k + 1)) / (1 - safe))
+    return float(result) if np.ndim(result) == 0 else result
+
+
+def expected_acceptance_rate(p, q) -> float:
+    """Per-position acceptance probability of speculative sampling: sum_x min(p, q)
+    (= 1 - total variation distance)."""
+    p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same shape, got {p.shape} and {q.shape}")
+    return float(np.minimum(p, q).sum(-1)) if p.ndim == 1 else np.minimum(p, q).sum(-1)
+
+
+def ideal_speedup(alpha, num_draft_tokens, cost_ratio, verify_cost_ratio=1.0):
+    """tau / (K c + v): speedup over plain decoding if nothing but forwards costs time."""
+    if np.any(np.asarray(cost_ratio) < 0) or np.any(np.asarray(verify_cost_ratio) <= 0):
+        raise ValueError("cost_ratio must be >= 0 and verify_cost_ratio > 0, got "
+                         f"{cost_ratio} and {verify_cost_ratio}")
+    k = _check_k(num_draft_tokens)
+    return expected_tokens_per_forward(alpha, k) / (k * np.asarray(cost_ratio)
+                                                    + np.asarray(verify_cost_ratio))
+
+
+def best_num_draft_tokens(alpha: float, cost_ratio: float, verify_cost_ratio: float = 1.0,
+                          max_num_draft_tokens: int = 32) -> tuple[int, float]:
+    """The K in [1, max] that maximises `ideal_speedup`, and that speedup."""
+    ks = np.arange(1, max_num_draft_tokens + 1)
+    speedups = np.array([ideal_speedup(alpha, int(k), cost_ratio, verify_cost_ratio)
+                         for k in ks])
+    best = int(np.argmax(speedups))
+    return int(ks[best]), float(speedups[best])

@@ -1,0 +1,84 @@
+"""Streaming speculative decoding: a Python generator over the jitted step.
+
+Each iteration runs one compiled `speculative_step` (compiled once per shapes and
+config, never retraced) and yields the tokens each row committed in that step, marking
+which were accepted drafts and which the target supplied (the correction or bonus), so
+notebooks and the command line can print text as it is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from specjax.causal_lm import CausalLM
+from specjax.sampling import SamplingConfig
+from specjax.speculative import (
+    SpeculativeConfig,
+    SpeculativeState,
+    SpeculativeStats,
+    init_speculative_state,
+    jitted_step,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamChunk:
+    """What one speculative step committed.
+
+    tokens[b]: row b's new tokens (possibly none). from_draft[b][i]: True when tokens[b][i]
+    was an accepted draft token, False when the target supplied it. done[b]: row b ended.
+    step: 1-based step number. stats: filled on the last chunk only.
+    """
+
+    step: int
+    tokens: list[list[int]]
+    from_draft: list[list[bool]]
+    done: list[bool]
+    stats: SpeculativeStats | None = None
+
+
+@functools.partial(jax.jit, static_argnames=("width",))
+def _step_window(state: SpeculativeState, *, width: int) -> Array:
+    """int32 [B, width]: the slots the last step may have committed (its first emitted)."""
+    start_B = state.lengths - state.step_emitted
+    index_BW = start_B[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+    index_BW = jnp.minimum(index_BW, state.sequence.shape[1] - 1)
+    return jnp.take_along_axis(state.sequence, index_BW, axis=1)
+
+
+def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
+                       num_draft_tokens: int, sampling: SamplingConfig = SamplingConfig(),
+                       key: Array | None = None, eos_id: int | None = None,
+                       prompt_lengths=None) -> Iterator[StreamChunk]:
+    """Yield one `StreamChunk` per speculative step until every row is done.
+
+    Same arguments and the same tokens as `speculative_generate` with the same key.
+    """
+    config = SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling)
+    state, drafter = init_speculative_state(
+        target, draft, prompts, max_new_tokens=max_new_tokens,
+        num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
+        prompt_lengths=prompt_lengths)
+    width = num_draft_tokens + 1
+    step = 0
+    while True:
+        state = jitted_step(target, drafter, state, config)
+        step += 1
+        emitted, accepted, done, window = jax.device_get(
+            (state.step_emitted, state.step_accepted, state.done,
+             _step_window(state, width=width)))
+        tokens = [window[b, : emitted[b]].tolist() for b in range(len(emitted))]
+        from_draft = [[i < accepted[b] for i in range(emitted[b])] for b in range(len(emitted))]
+        finished = bool(np.all(done))
+        yield StreamChunk(step=step, tokens=tokens, from_draft=from_draft,
+                          done=[bool(d) for d in done],
+                          stats=SpeculativeStats.from_state(state) if finished else None)
+        if finished:
+            return

@@ -1,0 +1,47 @@
+"""specjax.streaming: streamed chunks reproduce speculative_generate, compiled once."""
+
+import jax
+import numpy as np
+from helpers import perturbed
+
+from specjax import SamplingConfig, speculative_generate, speculative_stream
+from specjax.speculative import jitted_step
+
+PROMPTS = [[1, 2, 3, 4], [7, 7], [30, 2, 5]]
+
+
+def test_stream_concatenation_equals_speculative_generate(tiny_lm):
+    draft = perturbed(tiny_lm, 0.05, seed=1)
+    kwargs = dict(max_new_tokens=20, num_draft_tokens=3, eos_id=5,
+                  sampling=SamplingConfig(temperature=1.0), key=jax.random.key(11))
+    whole = speculative_generate(tiny_lm, draft, PROMPTS, **kwargs)
+    rows = [[] for _ in PROMPTS]
+    drafted = [0] * len(PROMPTS)
+    chunks = list(speculative_stream(tiny_lm, draft, PROMPTS, **kwargs))
+    for chunk in chunks:
+        for b, (tokens, flags) in enumerate(zip(chunk.tokens, chunk.from_draft, strict=True)):
+            assert len(tokens) == len(flags)
+            # Drafted tokens come first, then at most one token from the target.
+            assert flags == sorted(flags, reverse=True) and flags.count(False) <= 1
+            rows[b] += tokens
+            drafted[b] += sum(flags)
+    for b in range(len(PROMPTS)):
+        length = int(whole.lengths[b])
+        assert rows[b] == np.asarray(whole.tokens[b, :length]).tolist()
+    assert chunks[-1].stats is not None and all(chunks[-1].done)
+    assert all(c.stats is None for c in chunks[:-1])
+    np.testing.assert_array_equal(chunks[-1].stats.emitted, whole.lengths)
+    assert chunks[-1].stats.num_steps == len(chunks)
+    # Accepted drafts that were not cut by EOS / max_new_tokens count as draft tokens.
+    assert sum(drafted) <= int(whole.stats.accepted.sum())
+
+
+def test_stream_compiles_the_step_once(tiny_lm):
+    draft = perturbed(tiny_lm, 0.05, seed=1)
+    kwargs = dict(num_draft_tokens=2, sampling=SamplingConfig(temperature=0.5))
+    list(speculative_stream(tiny_lm, draft, PROMPTS, max_new_tokens=8,
+                            key=jax.random.key(0), **kwargs))
+    compiled = jitted_step._cache_size()
+    list(speculative_stream(tiny_lm, draft, [[5, 6], [1], [2, 2, 2]], max_new_tokens=12,
+                            key=jax.random.key(1), **kwargs))
+    assert jitted_step._cache_size() == compiled
