@@ -1,5 +1,9 @@
-"""Flax NNX model definitions for specjax (Llama-family decoders)."""
+"""Flax NNX model definitions for specjax: Llama-family decoders, checkpoints, the
+byte-level tokenizer and the bundled pair."""
 
+from models.bundled import DRAFT_CONFIG, TARGET_CONFIG, bundled_prompts, load_bundled
+from models.checkpoint import load_checkpoint, load_config, save_checkpoint
+from models.tokenizer import ByteTokenizer
 from models.transformer import (
     KVCache,
     Transformer,
@@ -8,4 +12,18 @@ from models.transformer import (
     first_layers,
 )
 
-__all__ = ["KVCache", "Transformer", "TransformerConfig", "count_params", "first_layers"]
+__all__ = [
+    "DRAFT_CONFIG",
+    "TARGET_CONFIG",
+    "ByteTokenizer",
+    "KVCache",
+    "Transformer",
+    "TransformerConfig",
+    "bundled_prompts",
+    "count_params",
+    "first_layers",
+    "load_bundled",
+    "load_checkpoint",
+    "load_config",
+    "save_checkpoint",
+]

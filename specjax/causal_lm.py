@@ -147,8 +147,8 @@ class CausalLM:
                 f"params={num:,})")
 
 
-@jax.jit
-def _full_logits(lm: CausalLM, tokens_BT: Array) -> Array:
+def full_logits(lm: CausalLM, tokens_BT: Array) -> Array:
+    """No-cache forward (traceable, differentiable): float32 logits `[B, T, V]`."""
     if lm.full_forward_fn is not None:
         return lm.full_forward_fn(lm.params, tokens_BT).astype(jnp.float32)
     batch, length = tokens_BT.shape
@@ -156,3 +156,6 @@ def _full_logits(lm: CausalLM, tokens_BT: Array) -> Array:
     cache = lm.init_cache(batch, length)
     logits, _, _ = lm.apply(tokens_BT, positions_BT, cache, jnp.zeros((batch,), jnp.int32))
     return logits.astype(jnp.float32)
+
+
+_full_logits = jax.jit(full_logits)

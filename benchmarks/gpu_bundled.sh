@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One GPU session: train the bundled pair (time-boxed phases, resumable), measure its
+# acceptance, and run the quick speculative-vs-plain benchmark. Results go to $OUT.
+#   OUT=/some/dir bash benchmarks/gpu_bundled.sh
+set -uo pipefail
+out="${OUT:?set OUT}"
+nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
+python -c "import jax, flax, optax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
+pip install --no-deps -q -e . 2>&1 | tail -2
+start=$(date +%s)
+CORPUS=data/corpus MAX_SECONDS_TARGET=${MAX_SECONDS_TARGET:-180} MAX_SECONDS_DRAFT=${MAX_SECONDS_DRAFT:-50} \
+  MAX_SECONDS_DISTILL=${MAX_SECONDS_DISTILL:-70} RESULTS_NAME=bundled_pair_acceptance_gpu \
+  INSTALL_TO="$out/checkpoints" bash models/train_bundled.sh /tmp/bundled_work 2>&1 \
+  | tr '\r' '\n' | grep -v '^train \[\|^distill \[' > "$out/train.log"
+echo "training+acceptance took $(( $(date +%s) - start ))s" | tee -a "$out/train.log"
+tail -20 "$out/train.log"
+cp benchmarks/results/bundled_pair_acceptance_gpu.* "$out/" 2>/dev/null
+for phase in target draft_pretrained draft_distilled; do
+  cp /tmp/bundled_work/$phase/run/history.jsonl "$out/history_$phase.jsonl" 2>/dev/null
+done
+timeout 100 python -m benchmarks.speculative_vs_ar --quick --name speculative_vs_ar_truncated_gpu \
+  && cp benchmarks/results/speculative_vs_ar_truncated_gpu.* "$out/"
+ls -R "$out" | head -50

@@ -1,0 +1,48 @@
+"""The bundled byte-level target/draft pair, trained on the Python standard library.
+
+`load_bundled("target")` / `load_bundled("draft")` return `specjax.CausalLM`s; the
+tokenizer is `ByteTokenizer()`; `bundled_prompts()` the held-out prompts of the demo and
+the benchmarks. Model cards: `models/checkpoints/<name>/MODEL_CARD.md`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import specjax
+from models.checkpoint import load_checkpoint
+from models.tokenizer import VOCAB_SIZE
+from models.transformer import TransformerConfig
+
+CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
+NAMES = ("target", "draft")
+
+TARGET_CONFIG = TransformerConfig(vocab_size=VOCAB_SIZE, num_layers=6, d_model=256,
+                                  num_heads=8, num_kv_heads=4, d_ff=768, max_seq_len=2048,
+                                  rope_theta=10_000.0, rms_norm_eps=1e-5)
+DRAFT_CONFIG = TransformerConfig(vocab_size=VOCAB_SIZE, num_layers=2, d_model=128,
+                                 num_heads=4, num_kv_heads=2, d_ff=384, max_seq_len=2048,
+                                 rope_theta=10_000.0, rms_norm_eps=1e-5)
+
+
+def bundled_path(name: str) -> Path:
+    if name not in NAMES:
+        raise ValueError(f"unknown bundled model {name!r}; choose one of {NAMES}")
+    return CHECKPOINTS / name
+
+
+def load_bundled(name: str) -> specjax.CausalLM:
+    """The bundled "target" or "draft" model as a CausalLM."""
+    path = bundled_path(name)
+    if not (path / "params").exists():
+        raise FileNotFoundError(
+            f"the bundled {name} checkpoint is missing at {path}; this checkout has no trained "
+            "weights. Train them with `bash models/train_bundled.sh` (see models/README.md)")
+    return load_checkpoint(path)
+
+
+def bundled_prompts() -> list[dict]:
+    """Held-out prompts: dicts with `file` (stdlib-relative path), `text`, `kind`
+    ("continue": held-out code to continue; "copy": the same file repeated then cut)."""
+    return json.loads((CHECKPOINTS / "prompts.json").read_text())
