@@ -53,7 +53,10 @@ def load_checkpoint(path: str | Path) -> specjax.CausalLM:
     config = config_from_dict(json.loads((path / "config.json").read_text()))
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(abstract_params))
+    # Restore onto this machine's default device, whatever device wrote the checkpoint.
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                          nnx.to_pure_dict(abstract_params))
     restored = ocp.StandardCheckpointer().restore(path / "params", target)
     nnx.replace_by_pure_dict(abstract_params, restored)
     model = nnx.merge(graphdef, abstract_params)

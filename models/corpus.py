@@ -101,7 +101,7 @@ def sample_windows(stream: np.ndarray, batch: int, length: int, seed: int,
     return np.stack([stream[s: s + length] for s in starts]).astype(np.int32)
 
 
-def make_prompts(root: Path | None = None, count: int = 16, prompt_bytes: int = 384,
+def make_prompts(root: Path | None = None, count: int = 16, prompt_bytes: int = 320,
                  copy_bytes: int = 256) -> list[dict]:
     """Held-out prompts for the demo and benchmarks (shipped in models/checkpoints/).
 

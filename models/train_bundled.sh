@@ -16,17 +16,19 @@ corpus_args=()
 if [ "${SCALE:-full}" = tiny ]; then
   t_steps=4 d_steps=4 k_steps=4 batch=4 eval=2 every=2
 else
-  t_steps=${TARGET_STEPS:-6000} d_steps=${DRAFT_STEPS:-4000} k_steps=${DISTILL_STEPS:-3000}
-  batch=${BATCH:-64} eval=8 every=500
+  t_steps=${TARGET_STEPS:-4000} d_steps=${DRAFT_STEPS:-4000} k_steps=${DISTILL_STEPS:-3000}
+  batch=${BATCH:-32} eval=8 every=500
 fi
-common=(--batch-size "$batch" --seq-len 256 --eval-batches "$eval" --checkpoint-every "$every"
+# 512-token windows: prompts (<= 342 bytes) plus 160 new tokens stay within the positions
+# the models were trained on.
+common=(--batch-size "$batch" --seq-len 512 --eval-batches "$eval" --checkpoint-every "$every"
         --eval-every "$every" --log-every 50 "${corpus_args[@]}")
-specjax train --config target --out "$work/target" --steps "$t_steps" --learning-rate 3e-3 \
+python -m specjax.cli train --config target --out "$work/target" --steps "$t_steps" --learning-rate 3e-3 \
   --warmup-steps 200 ${MAX_SECONDS_TARGET:+--max-seconds $MAX_SECONDS_TARGET} "${common[@]}"
-specjax train --config draft --out "$work/draft_pretrained" --steps "$d_steps" \
+python -m specjax.cli train --config draft --out "$work/draft_pretrained" --steps "$d_steps" \
   --learning-rate 3e-3 --warmup-steps 200 ${MAX_SECONDS_DRAFT:+--max-seconds $MAX_SECONDS_DRAFT} \
   "${common[@]}"
-specjax distill --target "$work/target" --draft "$work/draft_pretrained" \
+python -m specjax.cli distill --target "$work/target" --draft "$work/draft_pretrained" \
   --out "$work/draft_distilled" --steps "$k_steps" --learning-rate 1e-3 --warmup-steps 100 \
   --divergence fkl ${MAX_SECONDS_DISTILL:+--max-seconds $MAX_SECONDS_DISTILL} "${common[@]}"
 python -m benchmarks.bundled_pair --target "$work/target" \

@@ -190,7 +190,7 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
     def step_fn(params, opt_state, tokens):
         loss, grads = jax.value_and_grad(lambda p: loss_of(lm.with_params(p), tokens))(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
+        return optax.apply_updates(params, updates), opt_state, loss, optax.tree.norm(grads)
 
     eval_fn = jax.jit(lambda params, tokens: loss_of(lm.with_params(params), tokens))
 
