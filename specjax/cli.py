@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the bundled pair continues held-out code, streamed "
                           "and coloured, with acceptance and speedup over plain decoding")
     demo.add_argument("--max-new-tokens", type=int, default=160)
-    demo.add_argument("--num-draft-tokens", type=int, default=6)
+    demo.add_argument("--num-draft-tokens", type=int, default=8)
     demo.add_argument("--temperature", type=float, default=0.0)
     demo.add_argument("--prompts", type=int, default=2)
     demo.add_argument("--seed", type=int, default=0)
