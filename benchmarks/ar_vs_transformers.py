@@ -18,39 +18,10 @@ from flax import nnx
 import models
 import specjax
 from benchmarks.common import block, machine_record, median, timed, write_results
+from benchmarks.hf_reference import to_transformers
 
 CONFIG = models.TransformerConfig(vocab_size=16_000, num_layers=6, d_model=384, num_heads=6,
                                   num_kv_heads=2, d_ff=1024, max_seq_len=512)
-
-
-def to_transformers(model: models.Transformer):
-    """A LlamaForCausalLM holding exactly our weights (float32)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = model.config
-    hf = LlamaForCausalLM(LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.resolved_head_dim,
-        max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_embeddings,
-        attention_bias=cfg.qkv_bias)).eval()
-    t = lambda x: torch.from_numpy(np.asarray(x[...], np.float32).copy())
-    state = {"model.embed_tokens.weight": t(model.embed.embedding),
-             "model.norm.weight": t(model.final_norm.weight),
-             "lm_head.weight": t(model.lm_head.kernel).T}
-    for i, block_ in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        attn, mlp = block_.attention, block_.mlp
-        state[p + "input_layernorm.weight"] = t(block_.input_norm.weight)
-        state[p + "post_attention_layernorm.weight"] = t(block_.post_attention_norm.weight)
-        for name in ["q_proj", "k_proj", "v_proj", "o_proj"]:
-            state[p + f"self_attn.{name}.weight"] = t(getattr(attn, name).kernel).T
-        for name in ["gate_proj", "up_proj", "down_proj"]:
-            state[p + f"mlp.{name}.weight"] = t(getattr(mlp, name).kernel).T
-    hf.load_state_dict(state, strict=True)
-    return hf
 
 
 def main():

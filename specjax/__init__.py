@@ -2,7 +2,7 @@
 
 from specjax import analysis, drafters
 from specjax.causal_lm import CausalLM
-from specjax.drafters import DraftModel
+from specjax.drafters import DraftModel, PromptLookup
 from specjax.generate import DecodeState, GenerateOutput, decode_step, generate
 from specjax.sampling import (
     GREEDY,
@@ -31,6 +31,7 @@ __all__ = [
     "DecodeState",
     "DraftModel",
     "GenerateOutput",
+    "PromptLookup",
     "SamplingConfig",
     "SpeculativeConfig",
     "SpeculativeOutput",

@@ -111,6 +111,16 @@ def _demo(args) -> int:
         _stream_text(target, draft, ids, args, sampling, key, paint, None)
         print()
 
+    copy = next(p for p in models.bundled_prompts() if p["kind"] == "copy")
+    lookup = specjax.PromptLookup()
+    print(paint(f"--- {copy['file']} (held out), asked to continue a copy of itself; "
+                "drafts by prompt lookup (no draft model) ---", DIM))
+    print(paint(copy["text"][-160:], DIM), end="", flush=True)
+    copy_stats = _stream_text(target, lookup, tokenizer.encode(copy["text"]), args, sampling,
+                              key, paint, None)
+    print(f"prompt lookup: acceptance rate {copy_stats.acceptance_rate:.2f}, mean accepted "
+          f"length {copy_stats.mean_accepted_length:.2f} tokens per target forward\n")
+
     # Speed, measured in this run: each prompt at batch 1, compile excluded.
     spec_s = plain_s = 0.0
     spec_tokens = plain_tokens = 0
@@ -164,7 +174,11 @@ def _generate(args) -> int:
     eos = None if args.no_eos else tokenizer.eos_id
     if args.num_draft_tokens < 1:
         raise CliError(f"--num-draft-tokens must be >= 1, got {args.num_draft_tokens}")
-    drafter = specjax.DraftModel(draft, "greedy" if args.greedy_draft else "sample")
+    if args.drafter == "prompt-lookup":
+        drafter = specjax.PromptLookup(max_ngram_size=args.max_ngram_size,
+                                       min_ngram_size=args.min_ngram_size)
+    else:
+        drafter = specjax.DraftModel(draft, "greedy" if args.greedy_draft else "sample")
     if args.json:
         if args.no_speculation:
             out, seconds = _wall(lambda: specjax.generate(
@@ -332,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=200)
     gen.add_argument("--greedy-draft", action="store_true",
                      help="draft argmax tokens with one-hot q (exact too)")
+    gen.add_argument("--drafter", choices=["model", "prompt-lookup"], default="model",
+                     help="the draft model, or n-gram lookup in the prompt and output")
+    gen.add_argument("--max-ngram-size", type=int, default=3)
+    gen.add_argument("--min-ngram-size", type=int, default=1)
     gen.add_argument("--no-speculation", action="store_true", help="plain decoding")
     gen.add_argument("--no-eos", action="store_true", help="do not stop at EOS")
     gen.add_argument("--json", action="store_true", help="machine-readable output with stats")

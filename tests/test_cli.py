@@ -24,6 +24,12 @@ def test_generate_json_speculative_equals_plain_greedy():
     assert spec_out["tokens"] == plain_out["tokens"] and len(spec_out["tokens"]) > 0
     assert spec_out["stats"]["acceptance_rate"] > 0.3
     assert plain_out["stats"] is None and spec_out["speculative"] is True
+    lookup = run("generate", prompt, "--json", "--max-new-tokens", "40", "--drafter",
+                 "prompt-lookup", "--max-ngram-size", "2")
+    assert lookup.returncode == 0, lookup.stderr
+    lookup_out = json.loads(lookup.stdout)
+    assert lookup_out["tokens"] == plain_out["tokens"]
+    assert lookup_out["stats"]["draft_forwards"] == [0]
 
 
 def test_demo_streams_and_reports_speed():
@@ -31,6 +37,7 @@ def test_demo_streams_and_reports_speed():
     assert out.returncode == 0, out.stderr
     assert "(held out)" in out.stdout
     assert "acceptance rate" in out.stdout and "speedup" in out.stdout
+    assert "prompt lookup: acceptance rate" in out.stdout
 
 
 @pytest.mark.parametrize("args, message", [

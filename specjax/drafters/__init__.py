@@ -2,5 +2,7 @@
 
 from specjax.drafters.base import Commit, DraftContext, Drafter, Proposal
 from specjax.drafters.draft_model import DraftModel, DraftModelState
+from specjax.drafters.prompt_lookup import PromptLookup
 
-__all__ = ["Commit", "DraftContext", "DraftModel", "DraftModelState", "Drafter", "Proposal"]
+__all__ = ["Commit", "DraftContext", "DraftModel", "DraftModelState", "Drafter", "PromptLookup",
+           "Proposal"]

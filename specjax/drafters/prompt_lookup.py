@@ -1,0 +1,111 @@
+"""Prompt lookup (n-gram) drafting: copy what followed the last n tokens the previous
+time they occurred in the row (Saxena 2023; transformers' `prompt_lookup_num_tokens`,
+vLLM's `ngram`). No model, no cache, deterministic drafts, so q is one-hot.
+
+Search, for every row at once with static shapes: `match[b, k, e]` says whether the token
+k places before slot e equals the token k places before the row's end, for k < n_max.
+A match of size n ends at e when the first n of these hold. The most recent occurrence is
+the largest such e below the row's last token, and the longest n (from `max_ngram_size`
+down to `min_ngram_size`) that has one wins. Its continuation starts at c = e + 1; when it
+runs into the row's own end it wraps with period L - c, which extends a repeating pattern
+the way it repeats.
+
+Rows without any match propose their last token K times (one-hot q): exactness needs
+nothing more, and the cost is the verify forward's, which a batched, static-shape step
+pays for every row anyway.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from specjax.causal_lm import CausalLM
+from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.sampling import SamplingConfig
+
+
+@jax.tree_util.register_pytree_node_class
+class PromptLookup:
+    """Draft by n-gram lookup in the row's own tokens (prompt and everything generated)."""
+
+    def __init__(self, max_ngram_size: int = 3, min_ngram_size: int = 1):
+        for name, value in (("max_ngram_size", max_ngram_size),
+                            ("min_ngram_size", min_ngram_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if min_ngram_size > max_ngram_size:
+            raise ValueError(f"min_ngram_size ({min_ngram_size}) exceeds max_ngram_size "
+                             f"({max_ngram_size})")
+        self.max_ngram_size = max_ngram_size
+        self.min_ngram_size = min_ngram_size
+
+    def tree_flatten(self):
+        return (), (self.max_ngram_size, self.min_ngram_size)
+
+    @classmethod
+    def tree_unflatten(cls, static, children):
+        return cls(*static)
+
+    def __repr__(self):
+        return (f"PromptLookup(max_ngram_size={self.max_ngram_size}, "
+                f"min_ngram_size={self.min_ngram_size})")
+
+    def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
+        """Any target works: drafts are token ids copied from the row itself."""
+
+    def forwards_per_step(self, num_draft_tokens: int) -> int:
+        return 0
+
+    def init(self, prompt_tokens_BP: Array, prompt_lengths_B: Array, capacity: int) -> Array:
+        return jnp.zeros((prompt_tokens_BP.shape[0],), jnp.int32)  # no state to keep
+
+    def commit(self, state: Array, commit: Commit) -> Array:
+        return state
+
+    def lookup(self, sequence_BS: Array, lengths_B: Array, num_draft_tokens: int):
+        """`(tokens int32 [B, K], ngram_size int32 [B])`: the drafts, and the n-gram size
+        that matched (0 where nothing did)."""
+        batch, slots = sequence_BS.shape
+        n_max = self.max_ngram_size
+        last_B = lengths_B - 1
+        end_S = jnp.arange(slots, dtype=jnp.int32)
+        back_K = jnp.arange(n_max, dtype=jnp.int32)
+        # Token k places before the row's last token, and before each candidate end e.
+        suffix_index_BK = jnp.maximum(last_B[:, None] - back_K[None, :], 0)
+        suffix_BK = jnp.take_along_axis(sequence_BS, suffix_index_BK, axis=1)
+        window_KS = end_S[None, :] - back_K[:, None]
+        window_BKS = jnp.broadcast_to(jnp.maximum(window_KS, 0)[None], (batch, n_max, slots))
+        tokens_BKS = jnp.take_along_axis(sequence_BS[:, None, :], window_BKS, axis=2)
+        equal_BKS = (tokens_BKS == suffix_BK[:, :, None]) & (window_KS >= 0)[None]
+        prefix_match_BKS = jnp.cumprod(equal_BKS.astype(jnp.int32), axis=1).astype(bool)
+        # An earlier occurrence ends before the row's last token, and its n tokens must lie
+        # in the committed part of the row.
+        earlier_BS = end_S[None, :] < last_B[:, None]
+        best_end_B = jnp.full((batch,), -1, jnp.int32)
+        best_size_B = jnp.zeros((batch,), jnp.int32)
+        for size in range(self.min_ngram_size, n_max + 1):  # static; longest last wins
+            fits_B = lengths_B > size  # the suffix and one earlier token at least
+            hit_BS = prefix_match_BKS[:, size - 1, :] & earlier_BS & fits_B[:, None]
+            end_B = jnp.max(jnp.where(hit_BS, end_S[None, :], -1), axis=1)
+            found_B = end_B >= 0
+            best_end_B = jnp.where(found_B, end_B, best_end_B)
+            best_size_B = jnp.where(found_B, size, best_size_B)
+        start_B = best_end_B + 1
+        period_B = jnp.maximum(lengths_B - start_B, 1)
+        offsets_K = jnp.arange(num_draft_tokens, dtype=jnp.int32)
+        source_BK = start_B[:, None] + offsets_K[None, :] % period_B[:, None]
+        drafts_BK = jnp.take_along_axis(sequence_BS, jnp.clip(source_BK, 0, slots - 1), axis=1)
+        fallback_BK = jnp.broadcast_to(
+            jnp.take_along_axis(sequence_BS, last_B[:, None], axis=1), drafts_BK.shape)
+        drafts_BK = jnp.where((best_size_B > 0)[:, None], drafts_BK, fallback_BK)
+        return drafts_BK.astype(jnp.int32), best_size_B
+
+    def propose(self, state: Array, context: DraftContext, key: Array, *,
+                num_draft_tokens: int, sampling: SamplingConfig,
+                vocab_size: int) -> tuple[Array, Proposal]:
+        drafts_BK, _ = self.lookup(context.sequence, context.lengths, num_draft_tokens)
+        drafts_BK = jnp.minimum(drafts_BK, vocab_size - 1)
+        q_BKV = jax.nn.one_hot(drafts_BK, vocab_size, dtype=jnp.float32)
+        return state, Proposal(tokens=drafts_BK, q=q_BKV)
