@@ -13,6 +13,7 @@ q/k projection weights load without a permutation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -30,13 +31,36 @@ def _dtype(name: str):
         raise ValueError(f"dtype {name!r} is not supported; use one of {sorted(_DTYPES)}") from None
 
 
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+}
+ROPE_SCALING_TYPES = ("llama3", "linear")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
-    """Static architecture of a Llama-family decoder (frozen and hashable).
+    """Static architecture of a decoder of the Llama family (frozen and hashable).
 
-    `head_dim` defaults to `d_model // num_heads`. `dtype` is the compute dtype and
-    `param_dtype` the storage dtype of the weights ("float32" or "bfloat16"). Logits are
-    always returned in float32.
+    The defaults are Llama: RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases.
+    The other fields switch on what Mistral, Qwen2/3, Gemma 1/2 and GPT-2 differ by:
+
+    head_dim: defaults to d_model // num_heads. qkv_bias / attn_out_bias / mlp_bias: biases.
+    norm_type: "rms" or "layer" (LayerNorm with bias); norm_weight_offset: Gemma's
+      (1 + w) RMSNorm scale (computed in float32). qk_norm: Qwen3's per-head RMSNorm of q, k.
+    gated_mlp + activation: SwiGLU ("silu"), GeGLU ("gelu_tanh"), or a plain fc-act-proj
+      MLP (gated_mlp=False, GPT-2). embed_scale: multiply embeddings by sqrt(d_model).
+    position_embedding: "rope" or "learned" (GPT-2); rope_scaling: None,
+      ("linear", factor) or ("llama3", factor, low_freq_factor, high_freq_factor,
+      original_max_position_embeddings).
+    query_scale: attention scale (default head_dim ** -0.5); attn_logit_softcap /
+      final_logit_softcap: cap * tanh(x / cap) (Gemma 2).
+    sliding_window: attend to the last `sliding_window` positions only, in the layers
+      listed by sliding_layers ("all", "even": layers 0, 2, 4, ... as Gemma 2, or "none").
+    sandwich_norm: Gemma 2's extra norms after attention and around the MLP.
+    dtype / param_dtype: compute and storage dtypes ("float32", "bfloat16", "float16").
+    Logits are always returned in float32.
     """
 
     vocab_size: int
@@ -53,6 +77,22 @@ class TransformerConfig:
     tie_embeddings: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
+    attn_out_bias: bool = False
+    mlp_bias: bool = False
+    norm_type: str = "rms"
+    norm_weight_offset: bool = False
+    qk_norm: bool = False
+    gated_mlp: bool = True
+    activation: str = "silu"
+    embed_scale: bool = False
+    position_embedding: str = "rope"
+    rope_scaling: tuple | None = None
+    query_scale: float | None = None
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    sliding_window: int | None = None
+    sliding_layers: str = "all"
+    sandwich_norm: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads",
@@ -68,9 +108,27 @@ class TransformerConfig:
             raise ValueError(
                 f"d_model ({self.d_model}) is not divisible by num_heads ({self.num_heads}); "
                 "pass head_dim explicitly")
-        if self.resolved_head_dim % 2:
+        if self.position_embedding not in ("rope", "learned"):
+            raise ValueError(f"position_embedding must be 'rope' or 'learned', got "
+                             f"{self.position_embedding!r}")
+        if self.position_embedding == "rope" and self.resolved_head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got "
                              f"{self.resolved_head_dim}")
+        if self.norm_type not in ("rms", "layer"):
+            raise ValueError(f"norm_type must be 'rms' or 'layer', got {self.norm_type!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got "
+                             f"{self.activation!r}")
+        if self.sliding_layers not in ("all", "even", "none"):
+            raise ValueError(f"sliding_layers must be 'all', 'even' or 'none', got "
+                             f"{self.sliding_layers!r}")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling[0]
+            expected = {"llama3": 5, "linear": 2}.get(kind)
+            if expected is None or len(self.rope_scaling) != expected:
+                raise ValueError(f"rope_scaling must be ('linear', factor) or ('llama3', "
+                                 "factor, low_freq_factor, high_freq_factor, "
+                                 f"original_max_position_embeddings), got {self.rope_scaling!r}")
         _dtype(self.dtype)
         _dtype(self.param_dtype)
 
@@ -86,11 +144,21 @@ class TransformerConfig:
     def storage_dtype(self):
         return _dtype(self.param_dtype)
 
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of layer `layer` (None: full attention)."""
+        if self.sliding_window is None or self.sliding_layers == "none":
+            return None
+        if self.sliding_layers == "even" and layer % 2:
+            return None
+        return self.sliding_window
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    """Fixed-size key/value cache: one `[B, S, num_kv_heads, head_dim]` pair per layer.
+    """Fixed-size key/value cache: one `[B, S, num_kv_heads, head_dim]` pair per layer, and
+    the position of the token in every slot (`positions` int32 [B, S], for sliding-window
+    masks: with token trees, positions and slots differ).
 
     The cache holds no lengths: the caller keeps `cache_lengths[B]`, and rolling back is
     keeping an older length. Slots at or beyond a row's length are masked and later
@@ -99,6 +167,7 @@ class KVCache:
 
     keys: tuple[Array, ...]
     values: tuple[Array, ...]
+    positions: Array
 
     @property
     def max_len(self) -> int:
@@ -109,14 +178,28 @@ class KVCache:
         shape = (batch, max_len, config.num_kv_heads, config.resolved_head_dim)
         zeros = lambda: jnp.zeros(shape, config.compute_dtype)
         return cls(keys=tuple(zeros() for _ in range(config.num_layers)),
-                   values=tuple(zeros() for _ in range(config.num_layers)))
+                   values=tuple(zeros() for _ in range(config.num_layers)),
+                   positions=jnp.zeros((batch, max_len), jnp.int32))
 
 
 def rotary_inverse_frequencies(config: TransformerConfig) -> Array:
-    """`[head_dim // 2]` float32 inverse frequencies theta^(-2i/head_dim)."""
+    """`[head_dim // 2]` float32 inverse frequencies theta^(-2i/head_dim), rescaled as
+    `rope_scaling` asks (Llama 3.1's band-wise rule, or linear)."""
     head_dim = config.resolved_head_dim
     exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
-    return 1.0 / (config.rope_theta ** exponents)
+    inv_freq = 1.0 / (config.rope_theta ** exponents)
+    if config.rope_scaling is None:
+        return inv_freq
+    if config.rope_scaling[0] == "linear":
+        return inv_freq / config.rope_scaling[1]
+    _, factor, low_freq_factor, high_freq_factor, original = config.rope_scaling
+    low_wavelen, high_wavelen = original / low_freq_factor, original / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(medium, smoothed, scaled)
 
 
 def apply_rotary(x_BTNH: Array, positions_BT: Array, inv_freq_F: Array) -> Array:
@@ -130,24 +213,67 @@ def apply_rotary(x_BTNH: Array, positions_BT: Array, inv_freq_F: Array) -> Array
     return (x * cos + rotated * sin).astype(x_BTNH.dtype)
 
 
+def _softcap(x: Array, cap: float | None) -> Array:
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, *, eps: float, dtype, param_dtype):
+    """RMSNorm; `offset` scales by (1 + w) in float32 (Gemma), else w * x in the compute
+    dtype (Llama)."""
+
+    def __init__(self, dim: int, *, eps: float, dtype, param_dtype, offset: bool = False):
         self.eps = eps
         self.dtype = dtype
-        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.offset = offset
+        self.weight = nnx.Param(jnp.zeros((dim,), param_dtype) if offset
+                                else jnp.ones((dim,), param_dtype))
 
     def __call__(self, x: Array) -> Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        weight = self.weight[...].astype(self.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
+        shape = (1,) * (x.ndim - 1) + (-1,)
+        if self.offset:
+            scale = 1.0 + self.weight[...].astype(jnp.float32).reshape(shape)
+            return (normed * scale).astype(self.dtype)
+        weight = self.weight[...].astype(self.dtype).reshape(shape)
         return weight * normed.astype(self.dtype)
 
 
-def _write_rows(cache_BSKH: Array, new_BTKH: Array, starts_B: Array) -> Array:
+class LayerNorm(nnx.Module):
+    """LayerNorm with weight and bias, statistics in float32 (GPT-2)."""
+
+    def __init__(self, dim: int, *, eps: float, dtype, param_dtype):
+        self.eps = eps
+        self.dtype = dtype
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.bias = nnx.Param(jnp.zeros((dim,), param_dtype))
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        mean = jnp.mean(x32, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+        shape = (1,) * (x.ndim - 1) + (-1,)
+        normed = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        out = normed * self.weight[...].astype(jnp.float32).reshape(shape) \
+            + self.bias[...].astype(jnp.float32).reshape(shape)
+        return out.astype(self.dtype)
+
+
+def make_norm(config: TransformerConfig, dim: int | None = None):
+    dim = dim or config.d_model
+    if config.norm_type == "layer":
+        return LayerNorm(dim, eps=config.rms_norm_eps, dtype=config.compute_dtype,
+                         param_dtype=config.storage_dtype)
+    return RMSNorm(dim, eps=config.rms_norm_eps, dtype=config.compute_dtype,
+                   param_dtype=config.storage_dtype, offset=config.norm_weight_offset)
+
+
+def _write_rows(cache_BS, new_BT, starts_B: Array) -> Array:
     """Write each row's T new entries at its own slot offset (in place under jit)."""
-    write_one = lambda row_SKH, new_TKH, start: jax.lax.dynamic_update_slice(
-        row_SKH, new_TKH.astype(row_SKH.dtype), (start, 0, 0))
-    return jax.vmap(write_one)(cache_BSKH, new_BTKH, starts_B)
+    def write_one(row, new, start):
+        index = (start,) + (0,) * (row.ndim - 1)
+        return jax.lax.dynamic_update_slice(row, new.astype(row.dtype), index)
+    return jax.vmap(write_one)(cache_BS, new_BT, starts_B)
 
 
 def visibility_mask(cache_lengths_B: Array, num_new: int, num_slots: int,
@@ -172,8 +298,9 @@ def visibility_mask(cache_lengths_B: Array, num_new: int, num_slots: int,
 
 
 class Attention(nnx.Module):
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, window: int | None = None):
         self.config = config
+        self.window = window
         head_dim = config.resolved_head_dim
         dense = lambda n_in, n_out, bias: nnx.Linear(
             n_in, n_out, use_bias=bias, dtype=config.compute_dtype,
@@ -181,20 +308,29 @@ class Attention(nnx.Module):
         self.q_proj = dense(config.d_model, config.num_heads * head_dim, config.qkv_bias)
         self.k_proj = dense(config.d_model, config.num_kv_heads * head_dim, config.qkv_bias)
         self.v_proj = dense(config.d_model, config.num_kv_heads * head_dim, config.qkv_bias)
-        self.o_proj = dense(config.num_heads * head_dim, config.d_model, False)
+        self.o_proj = dense(config.num_heads * head_dim, config.d_model, config.attn_out_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(head_dim, eps=config.rms_norm_eps, dtype=config.compute_dtype,
+                                  param_dtype=config.storage_dtype)
+            self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps, dtype=config.compute_dtype,
+                                  param_dtype=config.storage_dtype)
 
     def __call__(self, x_BTD: Array, positions_BT: Array, layer_cache: tuple | None,
-                 cache_lengths_B: Array | None, new_mask_BTT: Array | None):
+                 cache_lengths_B: Array | None, new_mask_BTT: Array | None,
+                 key_positions_BS: Array):
         cfg = self.config
         batch, num_new, _ = x_BTD.shape
         head_dim, num_kv = cfg.resolved_head_dim, cfg.num_kv_heads
         group = cfg.num_heads // num_kv
-        inv_freq = rotary_inverse_frequencies(cfg)
         q_BTNH = self.q_proj(x_BTD).reshape(batch, num_new, cfg.num_heads, head_dim)
         k_BTKH = self.k_proj(x_BTD).reshape(batch, num_new, num_kv, head_dim)
         v_BTKH = self.v_proj(x_BTD).reshape(batch, num_new, num_kv, head_dim)
-        q_BTNH = apply_rotary(q_BTNH, positions_BT, inv_freq)
-        k_BTKH = apply_rotary(k_BTKH, positions_BT, inv_freq)
+        if cfg.qk_norm:
+            q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
+        if cfg.position_embedding == "rope":
+            inv_freq = rotary_inverse_frequencies(cfg)
+            q_BTNH = apply_rotary(q_BTNH, positions_BT, inv_freq)
+            k_BTKH = apply_rotary(k_BTKH, positions_BT, inv_freq)
 
         if layer_cache is None:
             keys_BSKH, values_BSKH = k_BTKH, v_BTKH
@@ -211,10 +347,15 @@ class Attention(nnx.Module):
             visible_BTS = visibility_mask(cache_lengths_B, num_new, keys_BSKH.shape[1],
                                           new_mask_BTT)
             new_layer_cache = (keys_BSKH, values_BSKH)
+        if self.window is not None:
+            distance_BTS = positions_BT[:, :, None] - key_positions_BS[:, None, :]
+            visible_BTS = visible_BTS & (distance_BTS < self.window)
 
+        scale = cfg.query_scale if cfg.query_scale is not None else head_dim ** -0.5
         q_BTKGH = q_BTNH.reshape(batch, num_new, num_kv, group, head_dim)
         scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, keys_BSKH.astype(q_BTNH.dtype),
-                                  preferred_element_type=jnp.float32) / math.sqrt(head_dim)
+                                  preferred_element_type=jnp.float32) * scale
+        scores_BKGTS = _softcap(scores_BKGTS, cfg.attn_logit_softcap)
         scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS,
                                  jnp.finfo(jnp.float32).min)
         weights_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(cfg.compute_dtype)
@@ -225,55 +366,72 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """Gated (SwiGLU / GeGLU: down(act(gate(x)) * up(x))) or plain (down(act(up(x))))."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         dense = lambda n_in, n_out: nnx.Linear(
-            n_in, n_out, use_bias=False, dtype=config.compute_dtype,
+            n_in, n_out, use_bias=config.mlp_bias, dtype=config.compute_dtype,
             param_dtype=config.storage_dtype, rngs=rngs)
-        self.gate_proj = dense(config.d_model, config.d_ff)
+        self.gated = config.gated_mlp
+        self.activation = ACTIVATIONS[config.activation]
+        if config.gated_mlp:
+            self.gate_proj = dense(config.d_model, config.d_ff)
         self.up_proj = dense(config.d_model, config.d_ff)
         self.down_proj = dense(config.d_ff, config.d_model)
 
     def __call__(self, x: Array) -> Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gated:
+            return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.activation(self.up_proj(x)))
 
 
 class Block(nnx.Module):
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        norm = lambda: RMSNorm(config.d_model, eps=config.rms_norm_eps,
-                               dtype=config.compute_dtype, param_dtype=config.storage_dtype)
-        self.input_norm = norm()
-        self.attention = Attention(config, rngs=rngs)
-        self.post_attention_norm = norm()
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, layer: int = 0):
+        self.input_norm = make_norm(config)
+        self.attention = Attention(config, rngs=rngs, window=config.layer_window(layer))
+        self.post_attention_norm = make_norm(config)  # the pre-MLP norm, as HF names it
         self.mlp = MLP(config, rngs=rngs)
+        self.sandwich = config.sandwich_norm
+        if config.sandwich_norm:
+            self.attn_out_norm = make_norm(config)
+            self.mlp_out_norm = make_norm(config)
 
-    def __call__(self, x_BTD, positions_BT, layer_cache, cache_lengths_B, new_mask_BTT):
+    def __call__(self, x_BTD, positions_BT, layer_cache, cache_lengths_B, new_mask_BTT,
+                 key_positions_BS):
         attended, layer_cache = self.attention(self.input_norm(x_BTD), positions_BT, layer_cache,
-                                               cache_lengths_B, new_mask_BTT)
+                                               cache_lengths_B, new_mask_BTT, key_positions_BS)
+        if self.sandwich:
+            attended = self.attn_out_norm(attended)
         x_BTD = x_BTD + attended
-        x_BTD = x_BTD + self.mlp(self.post_attention_norm(x_BTD))
-        return x_BTD, layer_cache
+        mlp_out = self.mlp(self.post_attention_norm(x_BTD))
+        if self.sandwich:
+            mlp_out = self.mlp_out_norm(mlp_out)
+        return x_BTD + mlp_out, layer_cache
 
 
 class Transformer(nnx.Module):
-    """Llama-family decoder: embeddings, pre-norm blocks (GQA + SwiGLU), final RMSNorm, LM head.
+    """Decoder-only transformer: embeddings, pre-norm blocks, final norm, LM head.
 
     Call: `model(tokens[B,T], positions[B,T], cache=None, cache_lengths=None, new_mask=None)
     -> (logits f32[B,T,V], hidden[B,T,D], cache)`. With `cache=None` it is a plain full
     forward over the T tokens (causal, or `new_mask`); with a `KVCache` it writes the new
-    keys/values at `cache_lengths[b] + t` and returns the updated cache. The caller must
-    keep `cache_lengths[b] + T <= cache.max_len` (specjax checks this before tracing).
-    `hidden` is the final-layer feature after the final norm, the input of the LM head.
+    keys/values (and positions) at `cache_lengths[b] + t` and returns the updated cache.
+    The caller must keep `cache_lengths[b] + T <= cache.max_len` (specjax checks this
+    before tracing). `hidden` is the final-layer feature after the final norm, the input
+    of the LM head.
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.embed = nnx.Embed(config.vocab_size, config.d_model, dtype=config.compute_dtype,
                                param_dtype=config.storage_dtype, rngs=rngs)
-        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
-        self.final_norm = RMSNorm(config.d_model, eps=config.rms_norm_eps,
-                                  dtype=config.compute_dtype, param_dtype=config.storage_dtype)
+        if config.position_embedding == "learned":
+            self.position_embed = nnx.Embed(config.max_seq_len, config.d_model,
+                                            dtype=config.compute_dtype,
+                                            param_dtype=config.storage_dtype, rngs=rngs)
+        self.layers = nnx.List([Block(config, rngs=rngs, layer=i)
+                                for i in range(config.num_layers)])
+        self.final_norm = make_norm(config)
         if not config.tie_embeddings:
             self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=False,
                                       dtype=config.compute_dtype,
@@ -284,24 +442,36 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens_BT: Array, positions_BT: Array, cache: KVCache | None = None,
                  cache_lengths_B: Array | None = None, new_mask_BTT: Array | None = None):
+        cfg = self.config
         if cache is not None and cache_lengths_B is None:
             raise ValueError("cache_lengths is required when a cache is given")
+        positions_BT = positions_BT.astype(jnp.int32)
         x_BTD = self.embed(tokens_BT)
+        if cfg.embed_scale:
+            x_BTD = x_BTD * jnp.asarray(math.sqrt(cfg.d_model), cfg.compute_dtype)
+        if cfg.position_embedding == "learned":
+            x_BTD = x_BTD + self.position_embed(jnp.clip(positions_BT, 0, cfg.max_seq_len - 1))
+        if cache is None:
+            key_positions_BS = positions_BT
+        else:
+            key_positions_BS = _write_rows(cache.positions, positions_BT, cache_lengths_B)
         new_keys, new_values = [], []
         for index, block in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[index], cache.values[index])
             x_BTD, layer_cache = block(x_BTD, positions_BT, layer_cache, cache_lengths_B,
-                                       new_mask_BTT)
+                                       new_mask_BTT, key_positions_BS)
             if layer_cache is not None:
                 new_keys.append(layer_cache[0])
                 new_values.append(layer_cache[1])
         hidden_BTD = self.final_norm(x_BTD)
-        if self.config.tie_embeddings:
+        if cfg.tie_embeddings:
             logits_BTV = self.embed.attend(hidden_BTD)
         else:
             logits_BTV = self.lm_head(hidden_BTD)
-        new_cache = None if cache is None else KVCache(tuple(new_keys), tuple(new_values))
-        return logits_BTV.astype(jnp.float32), hidden_BTD, new_cache
+        logits_BTV = _softcap(logits_BTV.astype(jnp.float32), cfg.final_logit_softcap)
+        new_cache = None if cache is None else KVCache(tuple(new_keys), tuple(new_values),
+                                                       key_positions_BS)
+        return logits_BTV, hidden_BTD, new_cache
 
 
 def count_params(model_or_state) -> int:
