@@ -3,6 +3,7 @@ byte-level tokenizer and the bundled pair."""
 
 from models.bundled import DRAFT_CONFIG, TARGET_CONFIG, bundled_prompts, load_bundled
 from models.checkpoint import load_checkpoint, load_config, save_checkpoint
+from models.hf import from_pretrained, load_tokenizer, save_pretrained
 from models.tokenizer import ByteTokenizer
 from models.transformer import (
     KVCache,
@@ -22,8 +23,11 @@ __all__ = [
     "bundled_prompts",
     "count_params",
     "first_layers",
+    "from_pretrained",
     "load_bundled",
     "load_checkpoint",
     "load_config",
+    "load_tokenizer",
     "save_checkpoint",
+    "save_pretrained",
 ]

@@ -1,0 +1,175 @@
+"""models.hf: conformance with transformers for every supported family (random weights
+made here, nothing downloaded), export round trips, tokenizers, and a speculative pair."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import models  # noqa: E402
+import specjax  # noqa: E402
+
+COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+              initializer_range=0.1)
+FAMILIES = {
+    "llama3": ("LlamaConfig", dict(COMMON, rope_theta=500_000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16})),
+    "llama-tied-bias": ("LlamaConfig", dict(COMMON, tie_word_embeddings=True,
+                                            attention_bias=True)),
+    "mistral": ("MistralConfig", dict(COMMON, sliding_window=8)),
+    "qwen2": ("Qwen2Config", dict(COMMON, tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict(COMMON, head_dim=32)),
+    "gemma": ("GemmaConfig", dict(COMMON, head_dim=16, num_key_value_heads=1)),
+    "gemma2": ("Gemma2Config", dict(COMMON, head_dim=16, num_hidden_layers=4, sliding_window=8,
+                                    query_pre_attn_scalar=24, attn_logit_softcapping=20.0,
+                                    final_logit_softcapping=15.0)),
+    "gpt2": ("GPT2Config", dict(vocab_size=300, n_embd=64, n_layer=3, n_head=4,
+                                n_positions=256, initializer_range=0.1)),
+}
+TOKENS = np.random.default_rng(0).integers(0, 300, (3, 24)).astype(np.int64)
+
+
+def _hf_model(family, seed=0):
+    config_class, kwargs = FAMILIES[family]
+    config = getattr(transformers, config_class)(**kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_pair(request, tmp_path_factory):
+    hf = _hf_model(request.param)
+    path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    return request.param, hf, models.from_pretrained(path), path
+
+
+def _hf_logits(hf, tokens):
+    with torch.no_grad():
+        return hf(torch.from_numpy(tokens)).logits.float().numpy()
+
+
+def test_logits_equal_transformers(family_pair):
+    _, hf, ours, _ = family_pair
+    np.testing.assert_allclose(ours.logits(TOKENS), _hf_logits(hf, TOKENS), atol=2e-4,
+                               rtol=1e-4)
+
+
+def test_greedy_32_tokens_equal_transformers_generate(family_pair):
+    _, hf, ours, _ = family_pair
+    prompts = TOKENS[:, :10]
+    with torch.no_grad():
+        theirs = hf.generate(torch.from_numpy(prompts), max_new_tokens=32, min_new_tokens=32,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    out = specjax.generate(ours, prompts.astype(np.int32), max_new_tokens=32,
+                           sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(np.asarray(out.tokens), theirs[:, 10:].numpy())
+
+
+def test_incremental_cache_path_equals_full_forward(family_pair):
+    _, _, ours, _ = family_pair
+    tokens = TOKENS[:2, :20].astype(np.int32)
+    reference = np.asarray(ours.logits(tokens))
+    apply = jax.jit(lambda lm, t, p, c, n: lm.apply(t, p, c, n))
+    cache = ours.init_cache(2, 32)
+    lengths = np.zeros(2, np.int32)
+    for chunk in [5, 1, 1, 3, 3, 7]:
+        cols = lengths[:, None] + np.arange(chunk)[None]
+        logits, _, cache = apply(ours, np.take_along_axis(tokens, cols, 1), cols, cache, lengths)
+        np.testing.assert_allclose(logits, np.take_along_axis(reference, cols[..., None], 1),
+                                   atol=2e-4, rtol=1e-4)
+        lengths = lengths + chunk
+
+
+def test_export_round_trip_loads_in_transformers(family_pair, tmp_path):
+    family, _, ours, _ = family_pair
+    models.save_pretrained(ours, tmp_path / "export")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export",
+                                                             attn_implementation="eager")
+    np.testing.assert_allclose(_hf_logits(back.eval(), TOKENS), ours.logits(TOKENS),
+                               atol=2e-4, rtol=1e-4)
+    assert models.from_pretrained(tmp_path / "export").vocab_size == 300
+
+
+def test_bundled_pair_exports_to_transformers(tmp_path):
+    target = models.load_bundled("target")
+    models.save_pretrained(target, tmp_path / "target")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "target").eval()
+    tokens = TOKENS[:2, :16] % 256
+    np.testing.assert_allclose(_hf_logits(back, tokens), target.logits(tokens), atol=2e-4)
+
+
+def test_bfloat16_checkpoints_stay_bfloat16(tmp_path):
+    hf = _hf_model("qwen2").to(torch.bfloat16)
+    hf.save_pretrained(tmp_path)
+    lm = models.from_pretrained(tmp_path)
+    assert {x.dtype for x in jax.tree.leaves(lm.params)} == {np.dtype(jax.numpy.bfloat16)}
+    as_f32 = models.from_pretrained(tmp_path, dtype="float32")
+    assert {x.dtype for x in jax.tree.leaves(as_f32.params)} == {np.dtype(np.float32)}
+
+
+@pytest.mark.parametrize("patch, message", [
+    ({"model_type": "falcon"}, "model_type 'falcon' is not supported"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "rope scaling type 'yarn'"),
+    ({"hidden_act": "relu"}, "hidden activation 'relu' is not supported"),
+    ({"use_sliding_window": True}, "use_sliding_window=true is not supported"),
+])
+def test_unsupported_options_are_named(tmp_path, patch, message):
+    hf = _hf_model("qwen2")
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(patch)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=message):
+        models.from_pretrained(tmp_path)
+
+
+def test_qwen2_pair_with_padded_vocabs_speculative_equals_transformers_greedy(tmp_path):
+    """A 3-layer target over 320 ids and a 1-layer draft over a 300-id prefix."""
+    target_cfg = transformers.Qwen2Config(**dict(COMMON, vocab_size=320))
+    draft_cfg = transformers.Qwen2Config(**dict(COMMON, num_hidden_layers=1))
+    torch.manual_seed(1)
+    hf_target = transformers.AutoModelForCausalLM.from_config(target_cfg).eval()
+    hf_draft = transformers.AutoModelForCausalLM.from_config(draft_cfg).eval()
+    hf_target.save_pretrained(tmp_path / "t")
+    hf_draft.save_pretrained(tmp_path / "d")
+    target = models.from_pretrained(tmp_path / "t")
+    draft = models.from_pretrained(tmp_path / "d")
+    prompts = TOKENS[:, :8]
+    with torch.no_grad():
+        theirs = hf_target.generate(torch.from_numpy(prompts), max_new_tokens=24,
+                                    min_new_tokens=24, do_sample=False, eos_token_id=None,
+                                    pad_token_id=0)[:, 8:].numpy()
+    ours = specjax.speculative_generate(target, specjax.DraftModel(draft, max_vocab_padding=20),
+                                        prompts.astype(np.int32), max_new_tokens=24,
+                                        num_draft_tokens=3, sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(np.asarray(ours.tokens), theirs)
+
+
+def test_tokenizer_special_ids_and_chat_template(tmp_path):
+    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+
+    vocab = {"<s>": 0, "</s>": 1, "<pad>": 2, "hello": 3, "world": 4, "user": 5, ":": 6,
+             "assistant": 7, "[UNK]": 8}
+    tokenizer = Tokenizer(tok_models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
+        "chat_template": "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} "
+                         "{{ eos_token }} {% endfor %}{% if add_generation_prompt %}"
+                         "assistant :{% endif %}"}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2]}))
+    tok = models.load_tokenizer(tmp_path)
+    assert (tok.bos_id, tok.eos_id, tok.eos_ids, tok.pad_id) == (0, 1, [1, 2], 2)
+    assert tok.encode("hello world") == [3, 4]
+    assert tok.decode([3, 4]) == "hello world"
+    ids = tok.apply_chat_template([{"role": "user", "content": "hello"}])
+    assert ids == [5, 6, 3, 1, 7, 6]
