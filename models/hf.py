@@ -281,32 +281,25 @@ def _to_ours(array: np.ndarray, transform) -> np.ndarray:
 # ---------------------------------------------------------------- loading
 
 class _Tensors:
-    """Memory-mapped access to every tensor of a (possibly sharded) safetensors checkpoint."""
+    """Where every tensor of a (possibly sharded) safetensors checkpoint lives."""
 
     def __init__(self, path: Path):
         from safetensors import safe_open
 
+        self.path = path
         index = path / "model.safetensors.index.json"
         if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
+            self.file_of = dict(json.loads(index.read_text())["weight_map"])
         elif (path / "model.safetensors").exists():
-            files = ["model.safetensors"]
+            with safe_open(path / "model.safetensors", framework="numpy") as handle:
+                self.file_of = {key: "model.safetensors" for key in handle.keys()}
         else:
             raise FileNotFoundError(f"{path} has no model.safetensors or "
                                     "model.safetensors.index.json (only safetensors "
                                     "checkpoints are supported)")
-        self._handles = {name: safe_open(path / name, framework="numpy") for name in files}
-        self._where = {}
-        for name, handle in self._handles.items():
-            for key in handle.keys():
-                self._where[key] = name
 
     def names(self) -> set[str]:
-        return set(self._where)
-
-    def get(self, name: str) -> np.ndarray:
-        return self._handles[self._where[name]].get_tensor(name)
+        return set(self.file_of)
 
 
 def from_pretrained(path: str | Path, dtype: str | None = None) -> specjax.CausalLM:
@@ -328,7 +321,9 @@ def from_pretrained(path: str | Path, dtype: str | None = None) -> specjax.Causa
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
     mapping = _weight_map(config, available)
-    used, loaded = set(), []
+    # Plan first, then read file by file: each shard's memory map is closed as soon as its
+    # tensors are converted, so the peak is the parameters plus about one shard.
+    plan: dict[str, list] = {}
     for key, leaf in nnx.to_flat_state(abstract_params):
         name = _flat_name(key)
         if name not in mapping or mapping[name][0] not in available:
@@ -336,13 +331,21 @@ def from_pretrained(path: str | Path, dtype: str | None = None) -> specjax.Causa
             raise ValueError(f"the checkpoint lacks {wanted!r} (needed for {name}); it does "
                              f"not match its config.json ({model_type_of(config)})")
         hf_name, transform = mapping[name]
-        array = _to_ours(tensors.get(hf_name), transform)
-        if array.shape != leaf.get_value().shape:
-            raise ValueError(f"{hf_name} has shape {array.shape}, expected "
-                             f"{leaf.get_value().shape} for {name}")
-        value = jnp.asarray(array, dtype=config.storage_dtype)
-        loaded.append((key, leaf.replace(value)))
-        used.add(hf_name)
+        plan.setdefault(tensors.file_of[hf_name], []).append((key, leaf, name, hf_name,
+                                                               transform))
+    from safetensors import safe_open
+
+    used, loaded = set(), []
+    for file_name, items in sorted(plan.items()):
+        with safe_open(path / file_name, framework="numpy") as handle:
+            for key, leaf, name, hf_name, transform in items:
+                array = _to_ours(handle.get_tensor(hf_name), transform)
+                if array.shape != leaf.get_value().shape:
+                    raise ValueError(f"{hf_name} has shape {array.shape}, expected "
+                                     f"{leaf.get_value().shape} for {name}")
+                loaded.append((key, leaf.replace(jnp.asarray(array, config.storage_dtype))))
+                used.add(hf_name)
+                del array
     unused = sorted(n for n in available - used if not n.endswith(_IGNORED_SUFFIXES)
                     and not (config.tie_embeddings and n == "lm_head.weight"))
     if unused:

@@ -154,7 +154,8 @@ def test_qwen2_pair_with_padded_vocabs_speculative_equals_transformers_greedy(tm
 
 
 def test_tokenizer_special_ids_and_chat_template(tmp_path):
-    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tok_models
 
     vocab = {"<s>": 0, "</s>": 1, "<pad>": 2, "hello": 3, "world": 4, "user": 5, ":": 6,
              "assistant": 7, "[UNK]": 8}
