@@ -16,6 +16,7 @@ directly rewards), on corpus text or, on-policy, on text the draft itself genera
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -168,9 +169,14 @@ def _checkpoint_manager(directory: Path, keep: int = 2) -> ocp.CheckpointManager
 
 def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig,
          checkpoint_dir: Path | None, heldout: list[np.ndarray], label: str,
-         progress: bool, max_seconds: float | None = None) -> TrainResult:
+         progress: bool, max_seconds: float | None = None, aux=None) -> TrainResult:
+    """The loop shared by training and distillation. `loss_of(model, tokens, aux)`; `aux`
+    (e.g. the distillation target) is passed to the compiled step as an argument, so its
+    arrays are not baked into the program as constants."""
     optimizer = config.optimizer()
-    params, opt_state, start = lm.params, optimizer.init(lm.params), 0
+    # A copy: the step donates its buffers, and the caller's model must stay usable.
+    params = jax.tree.map(jnp.copy, lm.params)
+    opt_state, start = optimizer.init(params), 0
     history: list = []
     manager = None
     if checkpoint_dir is not None:
@@ -186,18 +192,19 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
                 history = [json.loads(line) for line in history_file.read_text().splitlines()
                            if json.loads(line)["step"] <= latest]
 
-    @jax.jit
-    def step_fn(params, opt_state, tokens):
-        loss, grads = jax.value_and_grad(lambda p: loss_of(lm.with_params(p), tokens))(params)
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step_fn(params, opt_state, tokens, aux):
+        loss, grads = jax.value_and_grad(
+            lambda p: loss_of(lm.with_params(p), tokens, aux))(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss, optax.tree.norm(grads)
 
-    eval_fn = jax.jit(lambda params, tokens: loss_of(lm.with_params(params), tokens))
+    eval_fn = jax.jit(lambda params, tokens, aux: loss_of(lm.with_params(params), tokens, aux))
 
     def evaluate(params) -> float | None:
         if not heldout:
             return None
-        return float(np.mean([float(eval_fn(params, jnp.asarray(b))) for b in heldout]))
+        return float(np.mean([float(eval_fn(params, jnp.asarray(b), aux)) for b in heldout]))
 
     def record(entry):
         history.append(entry)
@@ -211,7 +218,7 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
     for step in range(start, config.steps):
         # `batches(step, params)`: on-policy distillation samples with the current params.
         params, opt_state, loss, grad_norm = step_fn(params, opt_state,
-                                                     jnp.asarray(batches(step, params)))
+                                                     jnp.asarray(batches(step, params)), aux)
         done = step + 1
         if done % config.log_every == 0 or done == config.steps:
             entry = {"step": done, "loss": float(loss), "grad_norm": float(grad_norm)}
@@ -251,7 +258,7 @@ def train(lm: CausalLM, batches: BatchFn, config: TrainConfig, *,
     `heldout` batches are scored every `eval_every` steps. `max_seconds` stops the run
     early (after checkpointing, so a later call resumes it).
     """
-    loss_of = lambda model, tokens: next_token_loss(model, tokens, pad_id)
+    loss_of = lambda model, tokens, aux: next_token_loss(model, tokens, pad_id)
     return _run(lm, loss_of, lambda step, params: batches(step), config,
                 checkpoint_dir and Path(checkpoint_dir), list(heldout), "train", progress,
                 max_seconds)
@@ -271,7 +278,8 @@ def distill(draft: CausalLM, target: CausalLM, batches: BatchFn, config: TrainCo
     if draft.vocab_size != target.vocab_size:
         raise ValueError(f"distillation needs equal vocabularies; draft has "
                          f"{draft.vocab_size}, target {target.vocab_size}")
-    loss_of = lambda model, tokens: distill_loss(model, target, tokens, distill_config, pad_id)
+    loss_of = lambda model, tokens, teacher: distill_loss(model, teacher, tokens,
+                                                          distill_config, pad_id)
     sampling = SamplingConfig(temperature=distill_config.temperature)
 
     def mixed_batches(step: int, params) -> np.ndarray:
@@ -279,6 +287,11 @@ def distill(draft: CausalLM, target: CausalLM, batches: BatchFn, config: TrainCo
         rng = np.random.default_rng([seed, step, 7])
         if rng.random() >= distill_config.on_policy_fraction:
             return tokens
+        if tokens.shape[1] <= distill_config.prompt_len:
+            raise ValueError(f"on-policy distillation continues the first prompt_len="
+                             f"{distill_config.prompt_len} tokens of each window, but the "
+                             f"windows have {tokens.shape[1]}; use longer windows or a "
+                             "smaller prompt_len")
         prompt = tokens[:, : distill_config.prompt_len]
         continuation = generate(draft.with_params(params), prompt,
                                 max_new_tokens=tokens.shape[1] - distill_config.prompt_len,
@@ -286,4 +299,4 @@ def distill(draft: CausalLM, target: CausalLM, batches: BatchFn, config: TrainCo
         return np.concatenate([prompt, np.asarray(continuation.tokens)], axis=1)
 
     return _run(draft, loss_of, mixed_batches, config, checkpoint_dir and Path(checkpoint_dir),
-                list(heldout), "distill", progress, max_seconds)
+                list(heldout), "distill", progress, max_seconds, aux=target)

@@ -80,3 +80,13 @@ def test_bad_settings_are_refused():
         TrainConfig(steps=0)
     with pytest.raises(ValueError, match="equal vocabularies"):
         distill(build_lm(1, vocab_size=16), build_lm(2), _periodic_batches, TrainConfig(steps=1))
+
+
+def test_the_callers_model_stays_usable_after_training():
+    """The compiled step donates its buffers; the model passed in must not be consumed."""
+    lm = build_lm(25)
+    before = np.asarray(jax.tree.leaves(lm.params)[0]).copy()
+    train(lm, _periodic_batches, TrainConfig(steps=2, log_every=1, eval_every=2),
+          progress=False)
+    np.testing.assert_array_equal(np.asarray(jax.tree.leaves(lm.params)[0]), before)
+    assert np.isfinite(np.asarray(lm.logits(jnp.ones((1, 4), jnp.int32)))).all()
