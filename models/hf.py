@@ -35,7 +35,8 @@ from models.transformer import Transformer, TransformerConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2")
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-_IGNORED_SUFFIXES = ("attn.bias", "attn.masked_bias", "rotary_emb.inv_freq")
+# Buffers, not weights: GPT-2's causal-mask buffers (`h.N.attn.bias`), old rotary caches.
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 
 # ---------------------------------------------------------------- configs

@@ -189,8 +189,8 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
             params, opt_state, start = restored["params"], restored["opt_state"], latest
             history_file = Path(checkpoint_dir) / "history.jsonl"
             if history_file.exists():
-                history = [json.loads(line) for line in history_file.read_text().splitlines()
-                           if json.loads(line)["step"] <= latest]
+                entries = map(json.loads, history_file.read_text().splitlines())
+                history = [entry for entry in entries if entry["step"] <= latest]
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def step_fn(params, opt_state, tokens, aux):

@@ -174,3 +174,17 @@ def test_tokenizer_special_ids_and_chat_template(tmp_path):
     assert tok.decode([3, 4]) == "hello world"
     ids = tok.apply_chat_template([{"role": "user", "content": "hello"}])
     assert ids == [5, 6, 3, 1, 7, 6]
+
+
+def test_a_weight_the_architecture_does_not_use_is_refused(tmp_path):
+    """Only named buffers are skipped: an extra bias (here on a Llama q_proj without
+    attention_bias) means an option we would otherwise silently drop."""
+    from safetensors.numpy import load_file, save_file
+
+    hf = _hf_model("llama3")
+    hf.save_pretrained(tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    tensors["model.layers.0.self_attn.c_attn.bias"] = np.zeros(64, np.float32)
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="weights this architecture does not use"):
+        models.from_pretrained(tmp_path)
