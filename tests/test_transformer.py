@@ -132,7 +132,7 @@ def test_llama3_8b_config_builds_abstractly_without_memory():
     assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(state))
     assert models.count_params(state) == 8_030_261_248  # the published Llama-3-8B count
     cache = jax.eval_shape(lambda: models.KVCache.create(config, 4, 8192))
-    assert cache.keys[0].shape == (4, 8192, 8, 128) and len(cache.keys) == 32
+    assert cache.keys[0].shape == (4, 8, 128, 8192) and len(cache.keys) == 32
 
 
 @pytest.mark.parametrize("bad, message", [
