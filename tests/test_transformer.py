@@ -58,6 +58,30 @@ def test_incremental_decoding_matches_full_forward(overrides):
         lengths = lengths + chunk
 
 
+@pytest.mark.parametrize("overrides", [{}, {"sliding_window": 20, "sliding_layers": "even"}],
+                         ids=["full", "sliding-window"])
+def test_both_cache_attention_paths_match_full_forward(overrides):
+    """Inputs longer than READ_BEFORE_WRITE_MAX_TOKENS write the cache first and attend
+    once; shorter ones attend to the old cache and the new tokens as two segments and write
+    after. Both, on empty and on filled caches (ragged rows), give the full-forward logits."""
+    long = models.transformer.READ_BEFORE_WRITE_MAX_TOKENS + 6
+    lm = build_lm(2, max_seq_len=256, **overrides)
+    batch = 2
+    sequences = _random_tokens(5, (batch, 2 * long + 8), lm.vocab_size)
+    reference = np.asarray(lm.logits(sequences))
+    apply = jax.jit(lambda lm, t, p, c, n: lm.apply(t, p, c, n))
+    cache = lm.init_cache(batch, 256)
+    lengths = np.zeros(batch, np.int32)
+    # 3 tokens into each row, then row 0 rolls back to 1 (its stale slots get overwritten):
+    # ragged lengths [1, 3]; then long and short inputs on the filled cache.
+    for chunk in [3, long, 2, 1, long, 1]:
+        rows = np.arange(batch)[:, None]
+        cols = lengths[:, None] + np.arange(chunk)[None]
+        logits, _, cache = apply(lm, sequences[rows, cols], cols, cache, lengths)
+        np.testing.assert_allclose(logits, reference[rows, cols], rtol=2e-5, atol=2e-5)
+        lengths = lengths + chunk if chunk != 3 else np.array([1, 3], np.int32)
+
+
 def test_rollback_by_length_ignores_stale_slots(tiny_lm):
     """Writing wrong tokens and then keeping the old length leaves no trace."""
     batch = 2
