@@ -55,16 +55,43 @@ def truncated_pair(seed: int = 0, draft_layers: int = 1):
 PAIRS = {"truncated": truncated_pair}
 
 
-def forward_seconds(lm, batch: int, num_tokens: int, reps: int) -> float:
-    """Median time of one cached forward of `num_tokens` new tokens at position 64."""
-    apply = jax.jit(lambda lm, t, p, c, n: lm.apply(t, p, c, n)[0])
-    cache = lm.init_cache(batch, 256)
-    tokens = jnp.zeros((batch, num_tokens), jnp.int32)
-    positions = 64 + jnp.broadcast_to(jnp.arange(num_tokens), (batch, num_tokens))
-    lengths = jnp.full((batch,), 64, jnp.int32)
-    run = lambda: block(apply(lm, tokens, positions, cache, lengths))
-    run()
-    return median([timed(run) for _ in range(max(reps, 5) * 4)])
+def forward_timer(lm, batch: int, num_tokens: int, *, cache_slots: int = 256,
+                  position: int = 64, steps: int = 16):
+    """A compiled, warmed-up function returning the seconds of one cached forward of
+    `num_tokens` new tokens at `position`, timed as a decode loop runs it: `steps` forwards
+    inside one jit (no per-call dispatch), each writing its keys/values into the carried
+    cache and feeding its argmax to the next."""
+    def body(step, carry):
+        cache, token_B = carry
+        tokens_BT = jnp.broadcast_to(token_B[:, None], (batch, num_tokens))
+        start = position + step % 2  # alternate so no two forwards are identical
+        positions_BT = start + jnp.broadcast_to(jnp.arange(num_tokens), (batch, num_tokens))
+        logits_BTV, _, cache = lm.apply(tokens_BT, positions_BT, cache,
+                                        jnp.full((batch,), start, jnp.int32))
+        return cache, jnp.argmax(logits_BTV[:, -1], axis=-1).astype(jnp.int32)
+
+    loop = jax.jit(lambda lm, cache, token_B: jax.lax.fori_loop(0, steps, body,
+                                                                 (cache, token_B))[1])
+    cache = lm.init_cache(batch, cache_slots)
+    first = jnp.zeros((batch,), jnp.int32)
+    block(loop(lm, cache, first))
+    return lambda: timed(lambda: block(loop(lm, cache, first))) / steps
+
+
+def forward_seconds(lm, batch: int, num_tokens: int, reps: int, **where) -> float:
+    """Median over `reps` (at least 5) of `forward_timer`'s per-forward seconds."""
+    timer = forward_timer(lm, batch, num_tokens, **where)
+    return median([timer() for _ in range(max(reps, 5))])
+
+
+def interleaved_seconds(timers: dict, reps: int) -> dict:
+    """Median seconds of each timer, run in alternation so machine noise hits them alike
+    (their ratios, c and v, are what matter)."""
+    times = {name: [] for name in timers}
+    for _ in range(max(reps, 5) * 2):
+        for name, timer in timers.items():
+            times[name].append(timer())
+    return {name: median(values) for name, values in times.items()}
 
 
 def main():
