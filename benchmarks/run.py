@@ -1,7 +1,7 @@
 """The benchmark suite: every drafter against plain decoding and against transformers.
 
     python -m benchmarks.run --quick     # under 5 minutes on 2 CPU cores
-    python -m benchmarks.run --full      # the whole grid
+    python -m benchmarks.run --full      # the whole grid (--resume continues a cut run)
 
 Writes `benchmarks/results/suite_<mode>_<backend>.{json,md}` and PNG plots (speedup and
 tokens per target forward against K; acceptance per position). For every configuration
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import resource
 import time
 
@@ -137,6 +138,10 @@ def measure(target, drafter, prompts, sampling, k, grid, step_costs) -> dict:
             "spec_first_token_times_s": spec_first, "plain_first_token_times_s": plain_first,
             "greedy_identical_to_plain": bool(np.array_equal(out.tokens, plain_out.tokens))
             if sampling.greedy else None, memory_kind: memory}
+
+
+def config_key(row) -> tuple:
+    return (row["workload"], row["drafter"], row["mode"], row["batch"], row["k"])
 
 
 def step_cost_table(target, draft, batch, ks, reps, **where) -> dict:
@@ -290,18 +295,37 @@ def main():
     mode.add_argument("--quick", action="store_true", help="the default: under 5 minutes")
     mode.add_argument("--full", action="store_true")
     parser.add_argument("--no-peers", action="store_true", help="skip transformers")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the configurations an interrupted run of this mode finished")
     args = parser.parse_args()
     grid = FULL if args.full else QUICK
     mode_name = "full" if args.full else "quick"
     started = time.perf_counter()
+    name = f"suite_{mode_name}_{jax.default_backend()}"
+    # Every finished configuration is appended here, so a long (--full) run that is
+    # interrupted continues with --resume; the file is removed once the report is written.
+    progress = RESULTS / f".{name}.partial.jsonl"
+    done = {}
+    if args.resume and progress.exists():
+        for line in progress.read_text().splitlines():
+            row = json.loads(line)
+            done[config_key(row)] = row
+        print(f"resuming: {len(done)} configurations already measured", flush=True)
+    else:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        progress.write_text("")
     target, draft = models.load_bundled("target"), models.load_bundled("draft")
     workloads = bundled_workloads(grid)
     drafters = {"draft model": (draft, draft), "prompt lookup": (specjax.PromptLookup(), None)}
     rows = []
+
+    def record(row):
+        rows.append(row)
+        with progress.open("a") as file:
+            file.write(json.dumps(row) + "\n")
+
     for batch in grid.batches:
-        costs = {name: step_cost_table(target, cost_draft, batch, grid.ks, grid.reps,
-                                       **BUNDLED_COSTS_AT)
-                 for name, (_, cost_draft) in drafters.items()}
+        costs = None  # measured on first need: a resumed batch may need none
         for workload, all_prompts in workloads.items():
             prompts = (all_prompts * batch)[:batch] if batch > len(all_prompts) \
                 else all_prompts[:batch]
@@ -310,10 +334,18 @@ def main():
                     continue  # keep the quick grid under 5 minutes
                 for mode_label, sampling in MODES.items():
                     for k in grid.ks:
+                        key = (workload, drafter_name, mode_label, batch, k)
+                        if key in done:
+                            rows.append(done[key])
+                            continue
+                        if costs is None:
+                            costs = {name: step_cost_table(target, cost_draft, batch, grid.ks,
+                                                           grid.reps, **BUNDLED_COSTS_AT)
+                                     for name, (_, cost_draft) in drafters.items()}
                         row = measure(target, drafter, prompts, sampling, k, grid,
                                       costs[drafter_name])
                         row.update(workload=workload, drafter=drafter_name, mode=mode_label)
-                        rows.append(row)
+                        record(row)
                         print(f"{workload:13s} {drafter_name:13s} {mode_label:6s} B={batch:<2d} "
                               f"K={k}: {row['speedup']:.2f}x, decode {row['decode_speedup']:.2f}x "
                               f"(ideal {row['ideal_speedup']:.2f}, "
@@ -321,13 +353,20 @@ def main():
                               f"{row['mean_accepted_length']:.2f}", flush=True)
 
     big_target, big_draft, big_config = large_vocab_pair()
-    big_costs = step_cost_table(big_target, big_draft, 1, grid.large_vocab_ks, grid.reps)
+    big_costs = None
     big_prompts = [np.random.default_rng(0).integers(0, 32_000, 32).tolist()]
     for mode_label, sampling in MODES.items():
         for k in grid.large_vocab_ks:
+            key = ("random 32k-vocab pair", "first layer", mode_label, 1, k)
+            if key in done:
+                rows.append(done[key])
+                continue
+            if big_costs is None:
+                big_costs = step_cost_table(big_target, big_draft, 1, grid.large_vocab_ks,
+                                            grid.reps)
             row = measure(big_target, big_draft, big_prompts, sampling, k, grid, big_costs)
             row.update(workload="random 32k-vocab pair", drafter="first layer", mode=mode_label)
-            rows.append(row)
+            record(row)
             print(f"32k vocab {mode_label} K={k}: {row['speedup']:.2f}x, decode "
                   f"{row['decode_speedup']:.2f}x, v "
                   f"{row['verify_cost_ratio_v']:.2f}", flush=True)
@@ -340,12 +379,13 @@ def main():
     elapsed = time.perf_counter() - started
 
     backend = jax.default_backend()
-    name = f"suite_{mode_name}_{backend}"
     pngs = plot([r for r in rows if r["workload"] != "random 32k-vocab pair"],
                 str(RESULTS / name))
     machine = machine_record()
     lines = [f"# Benchmark suite ({mode_name}, {backend})", "",
-             f"Command: `{machine['command']}` ({elapsed:.0f} s). Machine: "
+             f"Command: `{machine['command']}` ({elapsed:.0f} s"
+             + (f"; {len(done)} configurations from the interrupted run" if done else "")
+             + "). Machine: "
              f"{machine['processor']}, {machine['cpu_count']} CPUs, devices "
              f"{machine['devices']}, jax {machine['jax']}. Seed 0. Bundled pair (4.9M target, "
              "0.46M distilled draft) on held-out prompts; medians of "
@@ -433,8 +473,10 @@ def main():
               f"Peak memory ({memory_kind}): {memory / 1e9:.2f} GB.", "",
               "Plots: " + ", ".join(f"`{p.split('/')[-1]}`" for p in pngs), ""]
     write_results(name, {"benchmark": "suite", "mode": mode_name, "grid": dataclasses.asdict(
-        grid), "seed": 0, "machine": machine, "elapsed_s": elapsed, "rows": rows,
-        "roofline": line, "peers": peer_rows}, "\n".join(lines))
+        grid), "seed": 0, "machine": machine, "elapsed_s": elapsed,
+        "resumed_configurations": len(done), "rows": rows, "roofline": line,
+        "peers": peer_rows}, "\n".join(lines))
+    progress.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
