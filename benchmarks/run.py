@@ -96,7 +96,13 @@ def measure(target, drafter, prompts, sampling, k, grid, step_costs) -> dict:
     plain_out = plain(grid.new_tokens)
     block(plain_out.tokens)
     plain_compile = time.perf_counter() - start
-    block(spec(1).tokens), block(plain(1).tokens)
+    first = spec(1)  # deterministic: the same first step as the full run's
+    block(first.tokens), block(plain(1).tokens)
+    # Tokens that the full run's first speculative step produced (its accepted drafts plus
+    # one per row, before the 1-token run cut them): the decode phase (full minus first
+    # call) makes the rest. Plain decoding's first step makes one token per row.
+    first_step_tokens = int(np.minimum(np.asarray(first.stats.accepted) + 1,
+                                       grid.new_tokens).sum())
     spec_t, plain_t, spec_first, plain_first = [], [], [], []
     for _ in range(grid.reps):
         plain_t.append(timed(lambda: block(plain(grid.new_tokens).tokens)))
@@ -110,7 +116,9 @@ def measure(target, drafter, prompts, sampling, k, grid, step_costs) -> dict:
     rows = len(prompts)
     spec_decode = median(spec_t) - median(spec_first)
     plain_decode = median(plain_t) - median(plain_first)
-    decode_speedup = ((tokens - rows) / spec_decode) / ((plain_tokens - rows) / plain_decode)
+    spec_decode_rate = (tokens - first_step_tokens) / spec_decode
+    plain_decode_rate = (plain_tokens - rows) / plain_decode
+    decode_speedup = spec_decode_rate / plain_decode_rate
     c = step_costs["draft"] / step_costs["target"] if step_costs.get("draft") else 0.0
     v = step_costs[k + 1] / step_costs["target"]
     # A batch steps until its slowest row is done: per row, the batch advances
@@ -124,8 +132,8 @@ def measure(target, drafter, prompts, sampling, k, grid, step_costs) -> dict:
             "plain_tokens_per_s": plain_tokens / median(plain_t), "speedup": speedup,
             "spec_first_token_s": median(spec_first),
             "plain_first_token_s": median(plain_first),
-            "spec_decode_tokens_per_s": (tokens - rows) / spec_decode,
-            "plain_decode_tokens_per_s": (plain_tokens - rows) / plain_decode,
+            "spec_decode_tokens_per_s": spec_decode_rate,
+            "plain_decode_tokens_per_s": plain_decode_rate,
             "decode_speedup": decode_speedup,
             "acceptance_rate": s.acceptance_rate, "position_acceptance_rate":
             s.position_acceptance_rate, "mean_accepted_length": s.mean_accepted_length,
