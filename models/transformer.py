@@ -156,10 +156,10 @@ class TransformerConfig:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    """Fixed-size key/value cache per layer: keys `[B, num_kv_heads, head_dim, S]` and values
-    `[B, num_kv_heads, S, head_dim]`, and
-    the position of the token in every slot (`positions` int32 [B, S], for sliding-window
-    masks: with token trees, positions and slots differ).
+    """Fixed-size key/value cache: per layer, keys `[B, num_kv_heads, head_dim, S]` and
+    values `[B, num_kv_heads, S, head_dim]`; and the position of the token in every slot
+    (`positions` int32 [B, S], for sliding-window masks: with token trees, positions and
+    slots differ).
 
     The cache holds no lengths: the caller keeps `cache_lengths[B]`, and rolling back is
     keeping an older length. Slots at or beyond a row's length are masked and later
@@ -363,7 +363,7 @@ class Attention(nnx.Module):
 
     def __call__(self, x_BTD: Array, positions_BT: Array, layer_cache: tuple | None,
                  cache_lengths_B: Array | None, new_mask_BTT: Array | None,
-                 cached_positions_BS: Array | None):
+                 key_positions_BS: Array | None):
         cfg = self.config
         batch, num_new, _ = x_BTD.shape
         head_dim, num_kv = cfg.resolved_head_dim, cfg.num_kv_heads
@@ -387,7 +387,7 @@ class Attention(nnx.Module):
         elif read_before_write:
             segments = self._read_before_write(layer_cache, k_BKHT, v_BKTH, positions_BT,
                                                cache_lengths_B, new_mask_BTT,
-                                               cached_positions_BS)
+                                               key_positions_BS)
         else:
             # Long inputs (a prefill): write first, then attend over the written cache, one
             # segment; attending to the old cache as a separate segment would add T x S work.
@@ -397,8 +397,6 @@ class Attention(nnx.Module):
             visible_BTS = visibility_mask(cache_lengths_B, num_new, keys_BKHS.shape[3],
                                           new_mask_BTT)
             if self.window is not None:
-                key_positions_BS = _write_rows(cached_positions_BS, positions_BT,
-                                               cache_lengths_B)
                 distance_BTS = positions_BT[:, :, None] - key_positions_BS[:, None, :]
                 visible_BTS = visible_BTS & (distance_BTS < self.window)
             segments = [(keys_BKHS, values_BKSH, visible_BTS)]
@@ -438,7 +436,7 @@ class Attention(nnx.Module):
         return visible_BTT
 
     def _read_before_write(self, layer_cache, k_BKHT, v_BKTH, positions_BT, cache_lengths_B,
-                           new_mask_BTT, cached_positions_BS):
+                           new_mask_BTT, key_positions_BS):
         """Segments for short inputs (decoding, verification): the cache as it was before
         this call (committed slots only) and the T new tokens. Reading the old buffer, not
         the written one, lets the write happen in place afterwards."""
@@ -448,7 +446,7 @@ class Attention(nnx.Module):
         committed_BS = jnp.arange(num_slots)[None, :] < cache_lengths_B[:, None]
         old_visible_BTS = jnp.broadcast_to(committed_BS[:, None, :], (batch, num_new, num_slots))
         if self.window is not None:
-            old_distance_BTS = positions_BT[:, :, None] - cached_positions_BS[:, None, :]
+            old_distance_BTS = positions_BT[:, :, None] - key_positions_BS[:, None, :]
             old_visible_BTS = old_visible_BTS & (old_distance_BTS < self.window)
         return [(cached_keys_BKHS, cached_values_BKSH, old_visible_BTS),
                 (k_BKHT, v_BKTH, self._new_token_visibility(positions_BT, new_mask_BTT))]
@@ -486,10 +484,9 @@ class Block(nnx.Module):
             self.mlp_out_norm = make_norm(config)
 
     def __call__(self, x_BTD, positions_BT, layer_cache, cache_lengths_B, new_mask_BTT,
-                 cached_positions_BS):
+                 key_positions_BS):
         attended, layer_cache = self.attention(self.input_norm(x_BTD), positions_BT, layer_cache,
-                                               cache_lengths_B, new_mask_BTT,
-                                               cached_positions_BS)
+                                               cache_lengths_B, new_mask_BTT, key_positions_BS)
         if self.sandwich:
             attended = self.attn_out_norm(attended)
         x_BTD = x_BTD + attended
@@ -541,13 +538,15 @@ class Transformer(nnx.Module):
             x_BTD = x_BTD * jnp.asarray(math.sqrt(cfg.d_model), cfg.compute_dtype)
         if cfg.position_embedding == "learned":
             x_BTD = x_BTD + self.position_embed(jnp.clip(positions_BT, 0, cfg.max_seq_len - 1))
-        # The cached tokens' positions before this call's write (for sliding windows).
-        cached_positions_BS = None if cache is None else cache.positions
+        # Every slot's position after this call's write (for sliding windows): committed
+        # slots keep theirs, the new tokens' slots get theirs, the rest are masked anyway.
+        key_positions_BS = None if cache is None else _write_rows(
+            cache.positions, positions_BT, cache_lengths_B)
         new_keys, new_values = [], []
         for index, block in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[index], cache.values[index])
             x_BTD, layer_cache = block(x_BTD, positions_BT, layer_cache, cache_lengths_B,
-                                       new_mask_BTT, cached_positions_BS)
+                                       new_mask_BTT, key_positions_BS)
             if layer_cache is not None:
                 new_keys.append(layer_cache[0])
                 new_values.append(layer_cache[1])
@@ -557,9 +556,8 @@ class Transformer(nnx.Module):
         else:
             logits_BTV = self.lm_head(hidden_BTD)
         logits_BTV = _softcap(logits_BTV.astype(jnp.float32), cfg.final_logit_softcap)
-        new_cache = None if cache is None else KVCache(
-            tuple(new_keys), tuple(new_values),
-            _write_rows(cache.positions, positions_BT, cache_lengths_B))
+        new_cache = None if cache is None else KVCache(tuple(new_keys), tuple(new_values),
+                                                       key_positions_BS)
         return logits_BTV, hidden_BTD, new_cache
 
 
