@@ -35,7 +35,7 @@ from flax import nnx
 import models
 import specjax
 from benchmarks.common import RESULTS, block, machine_record, median, timed, write_results
-from benchmarks.speculative_vs_ar import forward_seconds, forward_timer, interleaved_seconds
+from benchmarks.speculative_vs_ar import forward_seconds, step_cost_table
 from specjax.prompts import plan_capacity
 
 
@@ -150,18 +150,6 @@ def measure(target, drafter, prompts, sampling, k, grid, step_costs) -> dict:
 
 def config_key(row) -> tuple:
     return (row["workload"], row["drafter"], row["mode"], row["batch"], row["k"])
-
-
-def step_cost_table(target, draft, batch, ks, reps, **where) -> dict:
-    """Seconds of a 1-token target and draft forward and of each (K+1)-token verify,
-    measured inside a jitted loop at the cache size and position (`where`) of the runs,
-    in alternation."""
-    timers = {"target": forward_timer(target, batch, 1, **where)}
-    if draft is not None:
-        timers["draft"] = forward_timer(draft, batch, 1, **where)
-    for k in ks:
-        timers[k + 1] = forward_timer(target, batch, k + 1, **where)
-    return interleaved_seconds(timers, reps)
 
 
 # Where the bundled workloads decode: ~300-token held-out prompts in 512-slot caches.

@@ -94,6 +94,18 @@ def interleaved_seconds(timers: dict, reps: int) -> dict:
     return {name: median(values) for name, values in times.items()}
 
 
+def step_cost_table(target, draft, batch, ks, reps, **where) -> dict:
+    """Seconds of a 1-token target and draft forward and of each (K+1)-token verify,
+    measured inside a jitted loop at the cache size and position (`where`) of the runs,
+    in alternation."""
+    timers = {"target": forward_timer(target, batch, 1, **where)}
+    if draft is not None:
+        timers["draft"] = forward_timer(draft, batch, 1, **where)
+    for k in ks:
+        timers[k + 1] = forward_timer(target, batch, k + 1, **where)
+    return interleaved_seconds(timers, reps)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=sorted(PAIRS), default="truncated")
@@ -114,10 +126,8 @@ def main():
     rows = []
     for batch in args.batches:
         prompts = make_prompts(batch, rng)
-        # Cost ratios from single forwards of the same shapes the decoders run.
-        target_step = forward_seconds(target, batch, 1, args.reps)
-        draft_step = forward_seconds(draft, batch, 1, args.reps)
-        cost_ratio = draft_step / target_step
+        costs = step_cost_table(target, draft, batch, args.ks, args.reps)
+        cost_ratio = costs["draft"] / costs["target"]
         for mode, sampling in samplings.items():
             key = jax.random.key(0)
             plain = functools.partial(specjax.generate, target, prompts,
@@ -126,7 +136,7 @@ def main():
             block(plain().tokens)
             ar_compile = time.perf_counter() - start
             for k in args.ks:
-                verify_ratio = forward_seconds(target, batch, k + 1, args.reps) / target_step
+                verify_ratio = costs[k + 1] / costs["target"]
                 spec = functools.partial(specjax.speculative_generate, target, draft, prompts,
                                          max_new_tokens=args.new_tokens, num_draft_tokens=k,
                                          sampling=sampling, key=key)
