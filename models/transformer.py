@@ -533,6 +533,11 @@ class Transformer(nnx.Module):
         if cache is not None and cache_lengths_B is None:
             raise ValueError("cache_lengths is required when a cache is given")
         positions_BT = positions_BT.astype(jnp.int32)
+        if cache is not None:
+            # Opaque lengths: with constant ones (a prefill into a fresh cache) XLA would
+            # constant-fold the fully masked attention to the empty cache, seconds of
+            # compile time for long caches.
+            cache_lengths_B = jax.lax.optimization_barrier(cache_lengths_B)
         x_BTD = self.embed(tokens_BT)
         if cfg.embed_scale:
             x_BTD = x_BTD * jnp.asarray(math.sqrt(cfg.d_model), cfg.compute_dtype)

@@ -69,10 +69,8 @@ def prefill(lm: CausalLM, cache, prompt_tokens_BP: Array, prompt_lengths_B: Arra
     """
     batch, width = prompt_tokens_BP.shape
     positions_BP = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-    # Opaque zeros: with constant lengths XLA tries to constant-fold the (fully masked)
-    # attention to the empty cache, which costs seconds of compile time.
-    empty_B = jax.lax.optimization_barrier(jnp.zeros((batch,), jnp.int32))
-    _, _, cache = lm.apply(prompt_tokens_BP, positions_BP, cache, empty_B)
+    _, _, cache = lm.apply(prompt_tokens_BP, positions_BP, cache,
+                           jnp.zeros((batch,), jnp.int32))
     last_token_B = jnp.take_along_axis(prompt_tokens_BP, prompt_lengths_B[:, None] - 1,
                                        axis=1)[:, 0]
     return cache, prompt_lengths_B - 1, last_token_B
