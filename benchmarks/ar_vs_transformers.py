@@ -15,12 +15,12 @@ import argparse
 import numpy as np
 from flax import nnx
 
-import models
+import specjax_models
 import specjax
 from benchmarks.common import block, machine_record, median, timed, write_results
 from benchmarks.hf_reference import to_transformers
 
-CONFIG = models.TransformerConfig(vocab_size=16_000, num_layers=6, d_model=384, num_heads=6,
+CONFIG = specjax_models.TransformerConfig(vocab_size=16_000, num_layers=6, d_model=384, num_heads=6,
                                   num_kv_heads=2, d_ff=1024, max_seq_len=512)
 
 
@@ -35,10 +35,10 @@ def main():
     import torch
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    model = models.Transformer(CONFIG, rngs=nnx.Rngs(0))
+    model = specjax_models.Transformer(CONFIG, rngs=nnx.Rngs(0))
     lm = specjax.CausalLM.from_nnx(model)
     hf = to_transformers(model)
-    num_params = models.count_params(model)
+    num_params = specjax_models.count_params(model)
     rng = np.random.default_rng(0)
     rows = []
     for batch in args.batches:

@@ -17,7 +17,7 @@ import functools
 import jax
 import numpy as np
 
-import models
+import specjax_models
 import specjax
 from benchmarks.common import block, machine_record, median, timed, write_results
 
@@ -38,14 +38,14 @@ def main():
     parser.add_argument("--name", default=None)
     args = parser.parse_args()
 
-    target = models.load_checkpoint(args.target) if args.target else models.load_bundled(
+    target = specjax_models.load_checkpoint(args.target) if args.target else specjax_models.load_bundled(
         "target")
     drafts = {}
-    for spec in args.draft or ["bundled=" + str(models.bundled.bundled_path("draft"))]:
+    for spec in args.draft or ["bundled=" + str(specjax_models.bundled.bundled_path("draft"))]:
         name, _, path = spec.partition("=")
-        drafts[name] = models.load_checkpoint(path)
-    tokenizer = models.ByteTokenizer()
-    prompts = [tokenizer.encode(p["text"]) for p in models.bundled_prompts()
+        drafts[name] = specjax_models.load_checkpoint(path)
+    tokenizer = specjax_models.ByteTokenizer()
+    prompts = [tokenizer.encode(p["text"]) for p in specjax_models.bundled_prompts()
                if p["kind"] == "continue"]
     key = jax.random.key(0)
     rows = []

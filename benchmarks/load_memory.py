@@ -1,4 +1,4 @@
-"""Load time and peak host memory of `models.from_pretrained` on a ~1B-parameter random
+"""Load time and peak host memory of `specjax_models.from_pretrained` on a ~1B-parameter random
 Llama checkpoint stored in bfloat16 (sharded safetensors), against the size of the
 weights. Goal: peak extra memory at most 1.5x the weights.
 
@@ -25,14 +25,14 @@ CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_s
 MEASURE = """
 import json, resource, sys, time
 import jax, numpy as np
-import models
+import specjax_models
 def rss():
     for line in open('/proc/self/status'):
         if line.startswith('VmRSS'):
             return int(line.split()[1]) * 1024
 base_rss = rss()
 start = time.perf_counter()
-lm = models.from_pretrained(sys.argv[1])
+lm = specjax_models.from_pretrained(sys.argv[1])
 jax.block_until_ready(lm.params)
 seconds = time.perf_counter() - start
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -103,7 +103,7 @@ def main():
     payload = {"benchmark": "load_memory", "config": CONFIG, "runs": runs,
                "weights_bytes": weights, "disk_bytes": disk,
                "peak_extra_over_weights": extra, "machine": machine}
-    lines = ["# Loading a ~1B-parameter bfloat16 checkpoint with models.from_pretrained", "",
+    lines = ["# Loading a ~1B-parameter bfloat16 checkpoint with specjax_models.from_pretrained", "",
              f"Random Llama weights, {weights / 1e9:.2f} GB in memory ({disk / 1e9:.2f} GB of "
              f"sharded safetensors on disk, 17 shards), dtypes kept: {best['dtypes']}. "
              f"{args.reps} fresh processes.", "",

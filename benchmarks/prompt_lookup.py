@@ -18,7 +18,7 @@ import functools
 
 import numpy as np
 
-import models
+import specjax_models
 import specjax
 from benchmarks.common import block, machine_record, median, timed, write_results
 from benchmarks.hf_reference import to_transformers
@@ -38,13 +38,13 @@ def main():
 
     import torch
 
-    target = models.load_bundled("target")
+    target = specjax_models.load_bundled("target")
     hf = to_transformers(target)
-    tokenizer = models.ByteTokenizer()
+    tokenizer = specjax_models.ByteTokenizer()
     n = args.max_new_tokens
     rows = []
     for task, kind in TASKS.items():
-        prompts = [tokenizer.encode(p["text"]) for p in models.bundled_prompts()
+        prompts = [tokenizer.encode(p["text"]) for p in specjax_models.bundled_prompts()
                    if p["kind"] == kind]
         plain_calls = [functools.partial(specjax.generate, target, [ids], max_new_tokens=n,
                                          sampling=specjax.GREEDY) for ids in prompts]
@@ -56,7 +56,7 @@ def main():
             with torch.no_grad():
                 out = hf.generate(hf_inputs[i], attention_mask=torch.ones_like(hf_inputs[i]),
                                   max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                  pad_token_id=models.ByteTokenizer.pad_id, eos_token_id=None,
+                                  pad_token_id=specjax_models.ByteTokenizer.pad_id, eos_token_id=None,
                                   **extra)
             return out[0, len(prompts[i]):].tolist()
 

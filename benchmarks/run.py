@@ -32,11 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import models
+import specjax_models
 import specjax
 from benchmarks.common import RESULTS, block, machine_record, median, timed, write_results
 from benchmarks.speculative_vs_ar import forward_seconds, step_cost_table
-from specjax.prompts import plan_capacity
+from specjax.inputs import plan_capacity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,8 +157,8 @@ BUNDLED_COSTS_AT = {"cache_slots": 512, "position": 320}
 
 
 def bundled_workloads(grid):
-    tok = models.ByteTokenizer()
-    prompts = models.bundled_prompts()
+    tok = specjax_models.ByteTokenizer()
+    prompts = specjax_models.bundled_prompts()
     plain = [tok.encode(p["text"]) for p in prompts if p["kind"] == "continue"]
     copy = [tok.encode(p["text"]) for p in prompts if p["kind"] == "copy"]
     return {"held-out code": plain, "copy task": copy}
@@ -166,11 +166,11 @@ def bundled_workloads(grid):
 
 def large_vocab_pair():
     """Random Llama shapes with a 32k vocabulary; the draft is the target's first layer."""
-    config = models.TransformerConfig(vocab_size=32_000, num_layers=4, d_model=512,
+    config = specjax_models.TransformerConfig(vocab_size=32_000, num_layers=4, d_model=512,
                                       num_heads=8, num_kv_heads=4, d_ff=1408, max_seq_len=1024)
-    model = models.Transformer(config, rngs=nnx.Rngs(0))
+    model = specjax_models.Transformer(config, rngs=nnx.Rngs(0))
     target = specjax.CausalLM.from_nnx(model)
-    draft = specjax.CausalLM.from_nnx(models.first_layers(model, 1))
+    draft = specjax.CausalLM.from_nnx(specjax_models.first_layers(model, 1))
     return target, draft, config
 
 
@@ -214,7 +214,7 @@ def peers(target, draft, prompts, grid) -> list[dict]:
             with torch.no_grad():
                 out = hf_target.generate(inputs, attention_mask=torch.ones_like(inputs),
                                          max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                         pad_token_id=models.ByteTokenizer.pad_id,
+                                         pad_token_id=specjax_models.ByteTokenizer.pad_id,
                                          eos_token_id=None, **extra)
             return out[0, len(ids):].tolist()
 
@@ -310,7 +310,7 @@ def main():
     else:
         RESULTS.mkdir(parents=True, exist_ok=True)
         progress.write_text("")
-    target, draft = models.load_bundled("target"), models.load_bundled("draft")
+    target, draft = specjax_models.load_bundled("target"), specjax_models.load_bundled("draft")
     workloads = bundled_workloads(grid)
     drafters = {"draft model": (draft, draft), "prompt lookup": (specjax.PromptLookup(), None)}
     rows = []
@@ -368,8 +368,8 @@ def main():
                   f"{row['verify_cost_ratio_v']:.2f}", flush=True)
 
     weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(target.params))
-    cache_bytes = 2 * models.TARGET_CONFIG.num_layers * 512 * models.TARGET_CONFIG.num_kv_heads \
-        * models.TARGET_CONFIG.resolved_head_dim * 4
+    cache_bytes = 2 * specjax_models.TARGET_CONFIG.num_layers * 512 * specjax_models.TARGET_CONFIG.num_kv_heads \
+        * specjax_models.TARGET_CONFIG.resolved_head_dim * 4
     line = roofline(target, weights + cache_bytes, grid.reps)
     peer_rows = [] if args.no_peers else peers(target, draft, workloads["held-out code"], grid)
     elapsed = time.perf_counter() - started

@@ -30,20 +30,20 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import models
+import specjax_models
 import specjax
 from benchmarks.common import block, machine_record, median, timed, write_results
 from specjax import analysis
 
 
 def truncated_pair(seed: int = 0, draft_layers: int = 1):
-    config = models.TransformerConfig(vocab_size=4096, num_layers=8, d_model=512, num_heads=8,
+    config = specjax_models.TransformerConfig(vocab_size=4096, num_layers=8, d_model=512, num_heads=8,
                                       num_kv_heads=4, d_ff=1408, max_seq_len=1024)
-    model = models.Transformer(config, rngs=nnx.Rngs(seed))
-    draft = models.first_layers(model, draft_layers)
-    description = (f"random-weight target ({models.count_params(model) / 1e6:.1f}M params, "
+    model = specjax_models.Transformer(config, rngs=nnx.Rngs(seed))
+    draft = specjax_models.first_layers(model, draft_layers)
+    description = (f"random-weight target ({specjax_models.count_params(model) / 1e6:.1f}M params, "
                    f"{config.num_layers} layers, vocab {config.vocab_size}); draft = its first "
-                   f"{draft_layers} layer(s) ({models.count_params(draft) / 1e6:.1f}M params)")
+                   f"{draft_layers} layer(s) ({specjax_models.count_params(draft) / 1e6:.1f}M params)")
 
     def prompts(batch, rng):
         return rng.integers(0, config.vocab_size, (batch, 32)).astype(np.int32)

@@ -37,7 +37,8 @@ if importlib.util.find_spec("specjax") is None:
 SETUP = '''\
 import os, time
 import jax, jax.numpy as jnp, numpy as np
-import models, specjax
+import specjax
+import specjax_models
 
 SMALL = os.environ.get("SPECJAX_NOTEBOOK_SMALL") == "1"  # CI's quick mode
 SEED = 0                                                # every draw below derives from it
@@ -71,9 +72,9 @@ def quickstart():
         new_code_cell(INSTALL),
         new_code_cell(SETUP),
         new_code_cell(
-            "target, draft = models.load_bundled('target'), models.load_bundled('draft')\n"
-            "tok = models.ByteTokenizer()\n"
-            "prompt_text = models.bundled_prompts()[0]['text']\n"
+            "target, draft = specjax_models.load_bundled('target'), specjax_models.load_bundled('draft')\n"
+            "tok = specjax_models.ByteTokenizer()\n"
+            "prompt_text = specjax_models.bundled_prompts()[0]['text']\n"
             "prompt = tok.encode(prompt_text)\n"
             "print(target, draft, sep='\\n')\n"
             "print(prompt_text[-200:])"),
@@ -177,9 +178,9 @@ def exactness():
         new_code_cell(
             "from flax import nnx\n"
             "def tiny(seed, scale=1.0):\n"
-            "    cfg = models.TransformerConfig(vocab_size=8, num_layers=1, d_model=16,\n"
+            "    cfg = specjax_models.TransformerConfig(vocab_size=8, num_layers=1, d_model=16,\n"
             "        num_heads=2, num_kv_heads=1, d_ff=32, max_seq_len=64)\n"
-            "    lm = specjax.CausalLM.from_nnx(models.Transformer(cfg, rngs=nnx.Rngs(seed)))\n"
+            "    lm = specjax.CausalLM.from_nnx(specjax_models.Transformer(cfg, rngs=nnx.Rngs(seed)))\n"
             "    return lm.with_params(jax.tree.map(lambda x: scale * x, lm.params))\n"
             "tiny_target = tiny(3)\n"
             "good = tiny_target.with_params(jax.tree.map(\n"
@@ -224,9 +225,9 @@ def exactness():
             "per target forward, next to the analytical (1 - b^(K+1)) / (1 - b) at the "
             "measured per-position acceptance b."),
         new_code_cell(
-            "target, draft = models.load_bundled('target'), models.load_bundled('draft')\n"
-            "tok = models.ByteTokenizer()\n"
-            "prompts = [tok.encode(p['text']) for p in models.bundled_prompts()\n"
+            "target, draft = specjax_models.load_bundled('target'), specjax_models.load_bundled('draft')\n"
+            "tok = specjax_models.ByteTokenizer()\n"
+            "prompts = [tok.encode(p['text']) for p in specjax_models.bundled_prompts()\n"
             "           if p['kind'] == 'continue'][: 4 if SMALL else 16]\n"
             "ks = [1, 2, 4] if SMALL else [1, 2, 3, 4, 6, 8]\n"
             "temperatures = [0.0, 1.0] if SMALL else [0.0, 0.7, 1.0]\n"
@@ -256,7 +257,7 @@ def real_models():
             "# Real models: a Qwen2.5 pair from the hub on a GPU or TPU\n\n"
             "On a GPU or TPU runtime with network access this downloads "
             "Qwen2.5-1.5B-Instruct (target) and Qwen2.5-0.5B-Instruct (draft), loads them "
-            "with `models.from_pretrained` (bfloat16, no PyTorch), and compares greedy and "
+            "with `specjax_models.from_pretrained` (bfloat16, no PyTorch), and compares greedy and "
             "sampled speculative decoding with plain decoding. On a CPU, or without "
             "network, it falls back to the bundled pair and says so. Runtime: a few minutes "
             "on a GPU (download included), under a minute on the CPU fallback."),
@@ -275,18 +276,18 @@ def real_models():
             "    from huggingface_hub import snapshot_download\n"
             "    target_dir = snapshot_download('Qwen/Qwen2.5-1.5B-Instruct')\n"
             "    draft_dir = snapshot_download('Qwen/Qwen2.5-0.5B-Instruct')\n"
-            "    target = models.from_pretrained(target_dir)\n"
-            "    draft = models.from_pretrained(draft_dir)\n"
-            "    tok = models.load_tokenizer(target_dir)\n"
+            "    target = specjax_models.from_pretrained(target_dir)\n"
+            "    draft = specjax_models.from_pretrained(draft_dir)\n"
+            "    tok = specjax_models.load_tokenizer(target_dir)\n"
             "    prompts = [tok.apply_chat_template([{'role': 'user', 'content': q}]) for q in [\n"
             "        'Explain speculative decoding in three sentences.',\n"
             "        'Write a Python function that merges two sorted lists.']]\n"
             "    eos, decode, n_new = tok.eos_id, tok.decode, 128\n"
             "else:\n"
             "    print('No GPU/TPU with network access: using the bundled byte-level pair.')\n"
-            "    target, draft = models.load_bundled('target'), models.load_bundled('draft')\n"
-            "    tok = models.ByteTokenizer()\n"
-            "    prompts = [tok.encode(p['text']) for p in models.bundled_prompts()\n"
+            "    target, draft = specjax_models.load_bundled('target'), specjax_models.load_bundled('draft')\n"
+            "    tok = specjax_models.ByteTokenizer()\n"
+            "    prompts = [tok.encode(p['text']) for p in specjax_models.bundled_prompts()\n"
             "               if p['kind'] == 'continue'][:2]\n"
             "    eos, decode, n_new = None, tok.decode, 48 if SMALL else 128\n"
             "print(target); print(draft)"),
@@ -335,20 +336,20 @@ def train_a_draft():
             "small mode, longer at full size (more steps; a GPU/TPU makes it quick)."),
         new_code_cell(INSTALL),
         new_code_cell(SETUP + "import matplotlib.pyplot as plt\nfrom flax import nnx\n"
-                      "from models import corpus as corpus_lib\n"
+                      "from specjax_models import corpus as corpus_lib\n"
                       "from specjax.training import DistillConfig, TrainConfig, distill, train\n"),
         new_code_cell(
-            "target = models.load_bundled('target')\n"
-            "tok = models.ByteTokenizer()\n"
+            "target = specjax_models.load_bundled('target')\n"
+            "tok = specjax_models.ByteTokenizer()\n"
             "corpus = corpus_lib.build_corpus(max_files=60 if SMALL else None)\n"
             "steps = 30 if SMALL else 1500\n"
             "batch, seq = (8, 128) if SMALL else (32, 256)\n"
             "batches = lambda step: corpus_lib.sample_windows(corpus.train, batch, seq + 1,\n"
             "                                                 SEED, step)\n"
             "heldout = [corpus_lib.sample_windows(corpus.train, batch, seq + 1, SEED + 99, 0)]\n"
-            "draft_config = models.TransformerConfig(vocab_size=tok.vocab_size, num_layers=1,\n"
+            "draft_config = specjax_models.TransformerConfig(vocab_size=tok.vocab_size, num_layers=1,\n"
             "    d_model=96, num_heads=3, num_kv_heads=1, d_ff=256, max_seq_len=2048)\n"
-            "fresh = specjax.CausalLM.from_nnx(models.Transformer(draft_config,\n"
+            "fresh = specjax.CausalLM.from_nnx(specjax_models.Transformer(draft_config,\n"
             "                                                     rngs=nnx.Rngs(SEED)))\n"
             "pretrained = train(fresh, batches, TrainConfig(steps=steps, learning_rate=3e-3,\n"
             "    warmup_steps=steps // 10, log_every=max(1, steps // 10), eval_every=steps),\n"
@@ -363,7 +364,7 @@ def train_a_draft():
             "    progress=False)\n"
             "print(f'distilled: held-out forward KL {distilled.heldout_loss:.3f} nats/position')"),
         new_code_cell(
-            "prompts = [tok.encode(p['text']) for p in models.bundled_prompts()\n"
+            "prompts = [tok.encode(p['text']) for p in specjax_models.bundled_prompts()\n"
             "           if p['kind'] == 'continue'][: 4 if SMALL else 16]\n"
             "ks = [1, 2, 4] if SMALL else [1, 2, 4, 6, 8]\n"
             "result = {}\n"

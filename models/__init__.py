@@ -1,11 +1,11 @@
 """Flax NNX model definitions for specjax: Llama-family decoders, checkpoints, the
 byte-level tokenizer and the bundled pair."""
 
-from models.bundled import DRAFT_CONFIG, TARGET_CONFIG, bundled_prompts, load_bundled
-from models.checkpoint import load_checkpoint, load_config, save_checkpoint
-from models.hf import from_pretrained, load_tokenizer, save_pretrained
-from models.tokenizer import ByteTokenizer
-from models.transformer import (
+from specjax_models.bundled import DRAFT_CONFIG, TARGET_CONFIG, bundled_prompts, load_bundled
+from specjax_models.checkpoint import load_checkpoint, load_config, save_checkpoint
+from specjax_models.hf import from_pretrained, load_tokenizer, save_pretrained
+from specjax_models.tokenizer import ByteTokenizer
+from specjax_models.transformer import (
     KVCache,
     Transformer,
     TransformerConfig,

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 import specjax
-from models.checkpoint import load_checkpoint
-from models.tokenizer import VOCAB_SIZE
-from models.transformer import TransformerConfig
+from specjax_models.checkpoint import load_checkpoint
+from specjax_models.tokenizer import VOCAB_SIZE
+from specjax_models.transformer import TransformerConfig
 
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
 NAMES = ("target", "draft")
@@ -32,14 +32,15 @@ def bundled_path(name: str) -> Path:
     return CHECKPOINTS / name
 
 
-def load_bundled(name: str) -> specjax.CausalLM:
-    """The bundled "target" or "draft" model as a CausalLM."""
+def load_bundled(name: str, dtype=None) -> specjax.CausalLM:
+    """The bundled "target" or "draft" model as a CausalLM (`dtype` as in
+    `load_checkpoint`: e.g. "bfloat16" or jnp.bfloat16; default float32, as trained)."""
     path = bundled_path(name)
     if not (path / "params").exists():
         raise FileNotFoundError(
             f"the bundled {name} checkpoint is missing at {path}; this checkout has no trained "
             "weights. Train them with `bash models/train_bundled.sh` (see models/README.md)")
-    return load_checkpoint(path)
+    return load_checkpoint(path, dtype)
 
 
 def bundled_prompts() -> list[dict]:

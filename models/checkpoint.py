@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 import specjax
-from models.transformer import Transformer, TransformerConfig
+from specjax_models.transformer import Transformer, TransformerConfig, dtype_name
 
 
 def config_to_dict(config: TransformerConfig) -> dict:
@@ -44,23 +44,34 @@ def save_checkpoint(lm: specjax.CausalLM, config: TransformerConfig, path: str |
     return path
 
 
-def load_checkpoint(path: str | Path) -> specjax.CausalLM:
-    """A CausalLM from a directory written by `save_checkpoint`."""
+def load_checkpoint(path: str | Path, dtype=None) -> specjax.CausalLM:
+    """A CausalLM from a directory written by `save_checkpoint`.
+
+    `dtype` ("float32", "bfloat16", "float16", or jnp.float32 / jnp.bfloat16 / ...) casts
+    the parameters and sets the compute dtype; default: as saved.
+    """
     path = Path(path).absolute()
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     if not (path / "config.json").exists() or not (path / "params").exists():
         raise FileNotFoundError(f"{path} is not a specjax checkpoint (it needs config.json "
                                 "and params/); train one with `specjax train --out DIR`")
     config = config_from_dict(json.loads((path / "config.json").read_text()))
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+    _, abstract_params = nnx.split(abstract, nnx.Param)
     # Restore onto this machine's default device, whatever device wrote the checkpoint.
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                           nnx.to_pure_dict(abstract_params))
     restored = ocp.StandardCheckpointer().restore(path / "params", target)
-    nnx.replace_by_pure_dict(abstract_params, restored)
-    model = nnx.merge(graphdef, abstract_params)
-    return specjax.CausalLM.from_nnx(model)
+    if dtype is not None:
+        name = dtype_name(dtype)
+        config = dataclasses.replace(config, dtype=name, param_dtype=name)
+        restored = jax.tree.map(lambda x: x.astype(config.storage_dtype), restored)
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))),
+                                 nnx.Param)
+    nnx.replace_by_pure_dict(params, restored)
+    return specjax.CausalLM.from_nnx(nnx.merge(graphdef, params))
 
 
 def load_config(path: str | Path) -> TransformerConfig:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.tokenizer import BOS_ID, EOS_ID
+from specjax_models.tokenizer import BOS_ID, EOS_ID
 
 EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests",
                  "idle_test", "lib2to3", "ensurepip"}
@@ -65,7 +65,7 @@ class Corpus:
         directory = Path(directory)
         if not (directory / "manifest.json").exists():
             raise FileNotFoundError(f"no corpus in {directory}: build one with "
-                                    "models.corpus.build_corpus().save(directory)")
+                                    "specjax_models.corpus.build_corpus().save(directory)")
         return cls(np.load(directory / "train.npy"), np.load(directory / "heldout.npy"),
                    json.loads((directory / "manifest.json").read_text()))
 

@@ -1,13 +1,13 @@
 """Hugging Face checkpoints: load Llama, Mistral, Qwen2/Qwen3, Gemma 1/2 and GPT-2 into
-`models.Transformer`, export our models back, and load their tokenizers.
+`specjax_models.Transformer`, export our models back, and load their tokenizers.
 
 Colab path (the download needs network; nothing here does):
 
     from huggingface_hub import snapshot_download
-    import jax, models, specjax
-    target = models.from_pretrained(snapshot_download("Qwen/Qwen2.5-1.5B-Instruct"))
-    draft = models.from_pretrained(snapshot_download("Qwen/Qwen2.5-0.5B-Instruct"))
-    tok = models.load_tokenizer(snapshot_download("Qwen/Qwen2.5-0.5B-Instruct"))
+    import jax, specjax, specjax_models
+    target = specjax_models.from_pretrained(snapshot_download("Qwen/Qwen2.5-1.5B-Instruct"))
+    draft = specjax_models.from_pretrained(snapshot_download("Qwen/Qwen2.5-0.5B-Instruct"))
+    tok = specjax_models.load_tokenizer(snapshot_download("Qwen/Qwen2.5-0.5B-Instruct"))
     ids = tok.apply_chat_template([{"role": "user", "content": "Write a haiku."}])
     out = specjax.speculative_generate(target, draft, [ids], max_new_tokens=128,
                                        num_draft_tokens=4, sampling=specjax.GREEDY,
@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 import specjax
-from models.transformer import Transformer, TransformerConfig
+from specjax_models.transformer import Transformer, TransformerConfig, dtype_name
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2")
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -74,14 +74,14 @@ def _sliding_layers(hf: dict, num_layers: int) -> str:
                      "(supported: all, none, or every even layer)")
 
 
-def config_from_hf(hf: dict, dtype: str | None = None) -> TransformerConfig:
+def config_from_hf(hf: dict, dtype=None) -> TransformerConfig:
     """A TransformerConfig from a Hugging Face config.json dict."""
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {model_type!r} is not supported; supported: "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     stored = hf.get("torch_dtype") or hf.get("dtype") or "float32"
-    dtype = dtype or _TORCH_DTYPES.get(stored, "float32")
+    dtype = dtype_name(dtype) if dtype is not None else _TORCH_DTYPES.get(stored, "float32")
     if model_type == "gpt2":
         for key, expected in (("scale_attn_weights", True),
                               ("scale_attn_by_inverse_layer_idx", False)):
@@ -303,13 +303,14 @@ class _Tensors:
         return set(self.file_of)
 
 
-def from_pretrained(path: str | Path, dtype: str | None = None) -> specjax.CausalLM:
+def from_pretrained(path: str | Path, dtype=None) -> specjax.CausalLM:
     """Load a local Hugging Face checkpoint directory as a `specjax.CausalLM`.
 
     Args:
       path: a directory with config.json and model.safetensors (or sharded safetensors
         with model.safetensors.index.json), e.g. from `huggingface_hub.snapshot_download`.
-      dtype: "float32", "bfloat16" or "float16" for parameters and compute; default: the
+      dtype: "float32", "bfloat16" or "float16" (or jnp.float32, jnp.bfloat16, ...) for
+        parameters and compute; default: the
         checkpoint's own dtype (bfloat16 stays bfloat16).
     """
     path = Path(path)
@@ -357,8 +358,8 @@ def from_pretrained(path: str | Path, dtype: str | None = None) -> specjax.Causa
     return specjax.CausalLM.from_nnx(nnx.merge(graphdef, params))
 
 
-def save_pretrained(model, path: str | Path, dtype: str | None = None) -> Path:
-    """Write `model` (a models.Transformer, or a CausalLM from `from_nnx`) as a directory
+def save_pretrained(model, path: str | Path, dtype=None) -> Path:
+    """Write `model` (a specjax_models.Transformer, or a CausalLM from `from_nnx`) as a directory
     transformers loads with `AutoModelForCausalLM.from_pretrained` (config.json +
     model.safetensors)."""
     from safetensors.numpy import save_file
@@ -369,13 +370,13 @@ def save_pretrained(model, path: str | Path, dtype: str | None = None) -> Path:
             raise TypeError("save_pretrained needs a CausalLM built by CausalLM.from_nnx")
         model = nnx.merge(graphdef, model.params)
     if not isinstance(model, Transformer):
-        raise TypeError(f"save_pretrained expects a models.Transformer, got {type(model)}")
+        raise TypeError(f"save_pretrained expects a specjax_models.Transformer, got {type(model)}")
     config = model.config
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     hf_config = config_to_hf(config)
     if dtype is not None:
-        hf_config["torch_dtype"] = dtype
+        hf_config["torch_dtype"] = dtype_name(dtype)
     target_dtype = {"float32": np.float32, "float16": np.float16,
                     "bfloat16": jnp.bfloat16}[hf_config["torch_dtype"]]
     params = dict((_flat_name(k), v.get_value()) for k, v in

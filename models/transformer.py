@@ -24,11 +24,24 @@ from jax import Array
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+def dtype_name(dtype) -> str:
+    """The canonical name ("float32", "bfloat16", "float16") of a dtype given as a string,
+    a numpy dtype or a jnp scalar type (`jnp.bfloat16`, `np.float32`)."""
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        try:
+            name = jnp.dtype(dtype).name
+        except TypeError:
+            raise TypeError(f"dtype must be a string or a dtype, got {dtype!r}") from None
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(_DTYPES)} "
+                         "(as a string or jnp.float32 / jnp.bfloat16 / jnp.float16)")
+    return name
+
+
 def _dtype(name: str):
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ValueError(f"dtype {name!r} is not supported; use one of {sorted(_DTYPES)}") from None
+    return _DTYPES[dtype_name(name)]
 
 
 ACTIVATIONS = {
@@ -129,8 +142,8 @@ class TransformerConfig:
                 raise ValueError(f"rope_scaling must be ('linear', factor) or ('llama3', "
                                  "factor, low_freq_factor, high_freq_factor, "
                                  f"original_max_position_embeddings), got {self.rope_scaling!r}")
-        _dtype(self.dtype)
-        _dtype(self.param_dtype)
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        object.__setattr__(self, "param_dtype", dtype_name(self.param_dtype))
 
     @property
     def resolved_head_dim(self) -> int:
@@ -538,7 +551,10 @@ class Transformer(nnx.Module):
             # constant-fold the fully masked attention to the empty cache, seconds of
             # compile time for long caches.
             cache_lengths_B = jax.lax.optimization_barrier(cache_lengths_B)
-        x_BTD = self.embed(tokens_BT)
+        # Ids outside the vocabulary would read NaN rows (an out-of-range gather fills NaN),
+        # and a NaN value in a masked slot still poisons attention (0 * NaN). specjax
+        # refuses such ids on input; a caller's own padding reads a real row instead.
+        x_BTD = self.embed(jnp.clip(tokens_BT, 0, cfg.vocab_size - 1))
         if cfg.embed_scale:
             x_BTD = x_BTD * jnp.asarray(math.sqrt(cfg.d_model), cfg.compute_dtype)
         if cfg.position_embedding == "learned":
@@ -556,10 +572,19 @@ class Transformer(nnx.Module):
                 new_keys.append(layer_cache[0])
                 new_values.append(layer_cache[1])
         hidden_BTD = self.final_norm(x_BTD)
+        # The head accumulates and returns float32 even for bfloat16 models: rounding the
+        # logits to bfloat16 would make exact ties common (8 bits of mantissa), and which
+        # of two tied tokens argmax picks then depends on the kernel's rounding, which
+        # differs between a 1-token decode step and a (K+1)-token verify.
+        hidden_c = hidden_BTD.astype(cfg.compute_dtype)
         if cfg.tie_embeddings:
-            logits_BTV = self.embed.attend(hidden_BTD)
+            logits_BTV = jnp.einsum("BTD,VD->BTV", hidden_c,
+                                    self.embed.embedding[...].astype(cfg.compute_dtype),
+                                    preferred_element_type=jnp.float32)
         else:
-            logits_BTV = self.lm_head(hidden_BTD)
+            logits_BTV = jnp.einsum("BTD,DV->BTV", hidden_c,
+                                    self.lm_head.kernel[...].astype(cfg.compute_dtype),
+                                    preferred_element_type=jnp.float32)
         logits_BTV = _softcap(logits_BTV.astype(jnp.float32), cfg.final_logit_softcap)
         new_cache = None if cache is None else KVCache(tuple(new_keys), tuple(new_values),
                                                        key_positions_BS)
@@ -574,12 +599,30 @@ def count_params(model_or_state) -> int:
     return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state))
 
 
-def first_layers(model: Transformer, num_layers: int) -> Transformer:
+def first_layers(model, num_layers: int):
     """A shallower copy of `model`: its first `num_layers` blocks with the same embeddings,
-    final norm and head (a layer-truncated draft sharing the target's tokenizer)."""
-    if not 1 <= num_layers <= model.config.num_layers:
-        raise ValueError(f"num_layers must be in [1, {model.config.num_layers}], got "
-                         f"{num_layers}")
+    final norm and head (a layer-truncated draft sharing the target's tokenizer).
+
+    `model` is a `Transformer` (returns a Transformer) or a `specjax.CausalLM` made from
+    one, as `from_pretrained` and `load_checkpoint` return (returns a CausalLM).
+    """
+    import specjax
+
+    if isinstance(model, specjax.CausalLM):
+        graphdef = getattr(model.apply_fn, "graphdef", None)
+        if graphdef is None:
+            raise TypeError("first_layers needs a CausalLM made by CausalLM.from_nnx from a "
+                            "specjax_models.Transformer (as from_pretrained and "
+                            "load_checkpoint return)")
+        module = nnx.merge(graphdef, model.params)
+        return specjax.CausalLM.from_nnx(first_layers(module, num_layers))
+    if not isinstance(model, Transformer):
+        raise TypeError(f"first_layers expects a Transformer or a CausalLM, got "
+                        f"{type(model).__name__}")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) \
+            or not 1 <= num_layers <= model.config.num_layers:
+        raise ValueError(f"num_layers must be an int in [1, {model.config.num_layers}], got "
+                         f"{num_layers!r}")
     config = dataclasses.replace(model.config, num_layers=num_layers)
     shallow = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     state = nnx.state(model, nnx.Param)

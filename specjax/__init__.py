@@ -13,14 +13,16 @@ from specjax.sampling import (
 )
 from specjax.speculative import (
     SpeculativeConfig,
-    SpeculativeOutput,
     SpeculativeState,
-    SpeculativeStats,
-    init_speculative_state,
     jitted_step,
-    speculative_generate,
     speculative_step,
 )
+from specjax.speculative_decoding import (
+    SpeculativeOutput,
+    init_speculative_state,
+    speculative_generate,
+)
+from specjax.stats import SpeculativeStats
 from specjax.streaming import StreamChunk, speculative_stream
 
 __version__ = "0.1.0"

@@ -104,14 +104,14 @@ class CausalLM:
         The module must be called as `module(tokens, positions, cache, cache_lengths,
         new_mask)` returning `(logits, hidden, cache)`, accept `cache=None` for a full
         forward, define `init_cache(batch, max_len)`, and have a `config` with
-        `vocab_size` and `max_seq_len` (as `models.Transformer` does).
+        `vocab_size` and `max_seq_len` (as `specjax_models.Transformer` does).
         """
         if not isinstance(module, nnx.Module):
             raise TypeError(f"CausalLM.from_nnx expects a flax.nnx.Module, got {type(module)}")
         config = getattr(module, "config", None)
         if config is None or not hasattr(config, "vocab_size"):
             raise TypeError("CausalLM.from_nnx needs module.config with vocab_size and "
-                            "max_seq_len (as models.Transformer has)")
+                            "max_seq_len (as specjax_models.Transformer has)")
         if not hasattr(module, "init_cache"):
             raise TypeError("CausalLM.from_nnx needs module.init_cache(batch, max_len)")
         graphdef, params, other = nnx.split(module, nnx.Param, ...)
@@ -159,3 +159,19 @@ def full_logits(lm: CausalLM, tokens_BT: Array) -> Array:
 
 
 _full_logits = jax.jit(full_logits)
+
+
+def prefill(lm: CausalLM, cache, prompt_tokens_BP: Array, prompt_lengths_B: Array):
+    """Write the padded prompts into `cache` in one forward.
+
+    Returns `(cache, cache_lengths, last_token)` under the decode invariant: the cache
+    holds each prompt but its last token, which is returned to be fed next. Pad slots
+    past a row's length are written too but stay masked, and are overwritten later.
+    """
+    batch, width = prompt_tokens_BP.shape
+    positions_BP = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+    _, _, cache = lm.apply(prompt_tokens_BP, positions_BP, cache,
+                           jnp.zeros((batch,), jnp.int32))
+    last_token_B = jnp.take_along_axis(prompt_tokens_BP, prompt_lengths_B[:, None] - 1,
+                                       axis=1)[:, 0]
+    return cache, prompt_lengths_B - 1, last_token_B

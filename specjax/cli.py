@@ -42,12 +42,12 @@ def _wall(call):
 
 
 def _load_pair(target_dir: str | None, draft_dir: str | None):
-    import models
+    import specjax_models
 
     try:
-        target = models.load_checkpoint(target_dir) if target_dir else models.load_bundled(
+        target = specjax_models.load_checkpoint(target_dir) if target_dir else specjax_models.load_bundled(
             "target")
-        draft = models.load_checkpoint(draft_dir) if draft_dir else models.load_bundled("draft")
+        draft = specjax_models.load_checkpoint(draft_dir) if draft_dir else specjax_models.load_bundled("draft")
     except FileNotFoundError as error:
         raise CliError(str(error)) from None
     if draft.vocab_size != target.vocab_size:
@@ -65,10 +65,11 @@ def _sampling(args):
 
 def _stream_text(target, draft, prompt_ids, args, sampling, key, paint, eos_id):
     """Print one row's continuation as it is accepted; returns the last chunk's stats."""
-    import models
+    import specjax_models
+
     import specjax
 
-    decode = models.ByteTokenizer().stream_decoder()
+    decode = specjax_models.ByteTokenizer().stream_decoder()
     stats = None
     for chunk in specjax.speculative_stream(target, draft, [prompt_ids],
                                             max_new_tokens=args.max_new_tokens,
@@ -87,14 +88,14 @@ def _stream_text(target, draft, prompt_ids, args, sampling, key, paint, eos_id):
 def _demo(args) -> int:
     import jax
     import numpy as np
+    import specjax_models
 
-    import models
     import specjax
 
     paint = _painter(args.color)
     target, draft = _load_pair(None, None)
-    tokenizer = models.ByteTokenizer()
-    prompts = [p for p in models.bundled_prompts() if p["kind"] == "continue"][: args.prompts]
+    tokenizer = specjax_models.ByteTokenizer()
+    prompts = [p for p in specjax_models.bundled_prompts() if p["kind"] == "continue"][: args.prompts]
     sampling = specjax.SamplingConfig(temperature=args.temperature)
     key = jax.random.key(args.seed)
     print(f"specjax demo: bundled target ({_num_params(target) / 1e6:.1f}M params) "
@@ -111,7 +112,7 @@ def _demo(args) -> int:
         _stream_text(target, draft, ids, args, sampling, key, paint, None)
         print()
 
-    copy = next(p for p in models.bundled_prompts() if p["kind"] == "copy")
+    copy = next(p for p in specjax_models.bundled_prompts() if p["kind"] == "copy")
     lookup = specjax.PromptLookup()
     print(paint(f"--- {copy['file']} (held out), asked to continue a copy of itself; "
                 "drafts by prompt lookup (no draft model) ---", DIM))
@@ -159,15 +160,15 @@ def _demo(args) -> int:
 def _generate(args) -> int:
     import jax
     import numpy as np
+    import specjax_models
 
-    import models
     import specjax
 
     text = args.prompt if args.prompt is not None else sys.stdin.read()
     if not text:
         raise CliError("empty prompt: pass it as an argument or on stdin")
     target, draft = _load_pair(args.target, args.draft)
-    tokenizer = models.ByteTokenizer()
+    tokenizer = specjax_models.ByteTokenizer()
     ids = tokenizer.encode(text)
     sampling = _sampling(args)
     key = jax.random.key(args.seed)
@@ -209,7 +210,7 @@ def _generate(args) -> int:
 
 
 def _corpus(args):
-    import models.corpus as corpus_lib
+    import specjax_models.corpus as corpus_lib
 
     if args.corpus:
         return corpus_lib.Corpus.load(args.corpus)
@@ -226,7 +227,7 @@ def _train_config(args):
 
 
 def _batches(args, corpus):
-    import models.corpus as corpus_lib
+    import specjax_models.corpus as corpus_lib
 
     train = lambda step: corpus_lib.sample_windows(corpus.train, args.batch_size,
                                                    args.seq_len + 1, args.seed, step)
@@ -236,26 +237,26 @@ def _batches(args, corpus):
 
 
 def _export(lm, config, out, metadata):
-    import models
+    import specjax_models
 
-    models.save_checkpoint(lm, config, out, extra=metadata)
+    specjax_models.save_checkpoint(lm, config, out, extra=metadata)
 
 
 def _train(args) -> int:
     from pathlib import Path
 
+    import specjax_models
     from flax import nnx
 
-    import models
     import specjax
     from specjax.training import train
 
-    config = {"target": models.TARGET_CONFIG, "draft": models.DRAFT_CONFIG}[args.config]
+    config = {"target": specjax_models.TARGET_CONFIG, "draft": specjax_models.DRAFT_CONFIG}[args.config]
     corpus = _corpus(args)
     batches, heldout = _batches(args, corpus)
-    lm = specjax.CausalLM.from_nnx(models.Transformer(config, rngs=nnx.Rngs(args.seed)))
+    lm = specjax.CausalLM.from_nnx(specjax_models.Transformer(config, rngs=nnx.Rngs(args.seed)))
     result = train(lm, batches, _train_config(args), checkpoint_dir=Path(args.out) / "run",
-                   heldout=heldout, pad_id=models.ByteTokenizer.pad_id,
+                   heldout=heldout, pad_id=specjax_models.ByteTokenizer.pad_id,
                    max_seconds=args.max_seconds)
     steps = result.history[-1]["step"] if result.history else 0
     _export(result.lm, config, args.out, {
@@ -272,21 +273,22 @@ def _train(args) -> int:
 def _distill(args) -> int:
     from pathlib import Path
 
-    import models
+    import specjax_models
+
     from specjax.training import DistillConfig, distill
 
-    target = models.load_checkpoint(args.target)
-    draft = models.load_checkpoint(args.draft)
+    target = specjax_models.load_checkpoint(args.target)
+    draft = specjax_models.load_checkpoint(args.draft)
     corpus = _corpus(args)
     batches, heldout = _batches(args, corpus)
     result = distill(draft, target, batches, _train_config(args),
                      DistillConfig(divergence=args.divergence, temperature=args.temperature,
                                    on_policy_fraction=args.on_policy_fraction),
                      checkpoint_dir=Path(args.out) / "run", heldout=heldout,
-                     pad_id=models.ByteTokenizer.pad_id, seed=args.seed,
+                     pad_id=specjax_models.ByteTokenizer.pad_id, seed=args.seed,
                      max_seconds=args.max_seconds)
     steps = result.history[-1]["step"] if result.history else 0
-    _export(result.lm, models.load_config(args.draft), args.out, {
+    _export(result.lm, specjax_models.load_config(args.draft), args.out, {
         "kind": "distill", "steps_done": steps, "args": vars(args),
         "heldout_divergence": result.heldout_loss, "python": corpus.manifest["python"],
         "command": " ".join(sys.argv)})

@@ -12,22 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import Array
 
-from specjax.causal_lm import CausalLM
-from specjax.prompts import (
-    PromptBatch,
-    bucket,
-    check_eos_id,
-    check_max_new_tokens,
-    pack_prompts,
-    plan_capacity,
-)
+from specjax.causal_lm import CausalLM, prefill
+from specjax.inputs import check_pad_id, prepare_batch, resolve_key
 from specjax.sampling import SamplingConfig, sample_tokens
 
 
@@ -60,22 +53,6 @@ class GenerateOutput:
     lengths: Array
 
 
-def prefill(lm: CausalLM, cache, prompt_tokens_BP: Array, prompt_lengths_B: Array):
-    """Write the padded prompts into `cache` in one forward.
-
-    Returns `(cache, cache_lengths, last_token)` under the decode invariant: the cache
-    holds each prompt but its last token, which is returned to be fed next. Pad slots
-    past a row's length are written too but stay masked, and are overwritten later.
-    """
-    batch, width = prompt_tokens_BP.shape
-    positions_BP = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-    _, _, cache = lm.apply(prompt_tokens_BP, positions_BP, cache,
-                           jnp.zeros((batch,), jnp.int32))
-    last_token_B = jnp.take_along_axis(prompt_tokens_BP, prompt_lengths_B[:, None] - 1,
-                                       axis=1)[:, 0]
-    return cache, prompt_lengths_B - 1, last_token_B
-
-
 @functools.partial(jax.jit, static_argnames=("capacity",))
 def _init_state(lm: CausalLM, prompt_tokens_BP: Array, prompt_lengths_B: Array, key: Array,
                 pad_id: Array, *, capacity: int) -> DecodeState:
@@ -93,9 +70,12 @@ def _init_state(lm: CausalLM, prompt_tokens_BP: Array, prompt_lengths_B: Array, 
     )
 
 
-def decode_step(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_id: Array,
+def decode_step(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_ids: Array,
                 sampling: SamplingConfig) -> DecodeState:
-    """One autoregressive step for every row still running (pure; jit-compatible)."""
+    """One autoregressive step for every row still running (pure; jit-compatible).
+
+    `eos_ids` int32 `[E]`: a row ends after emitting any of them (-1 entries never match).
+    """
     batch = state.last_token.shape[0]
     key, k_sample = jax.random.split(state.key)
     logits_B1V, _, cache = lm.apply(state.last_token[:, None], state.cache_lengths[:, None],
@@ -107,7 +87,8 @@ def decode_step(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_id:
     write_at_B = jnp.where(active_B, state.num_generated, state.output.shape[1])
     output = state.output.at[rows_B, write_at_B].set(token_B, mode="drop")
     num_generated_B = state.num_generated + active_B.astype(jnp.int32)
-    done_B = state.done | (active_B & (token_B == eos_id)) | (num_generated_B >= max_new_tokens)
+    is_eos_B = jnp.any(token_B[:, None] == eos_ids[None, :], axis=1)
+    done_B = state.done | (active_B & is_eos_B) | (num_generated_B >= max_new_tokens)
     return DecodeState(
         output=output,
         num_generated=num_generated_B,
@@ -120,49 +101,17 @@ def decode_step(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_id:
 
 
 @functools.partial(jax.jit, static_argnames=("sampling",), donate_argnames=("state",))
-def _decode_loop(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_id: Array, *,
+def _decode_loop(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_ids: Array, *,
                  sampling: SamplingConfig) -> DecodeState:
     return jax.lax.while_loop(
         lambda s: ~jnp.all(s.done),
-        lambda s: decode_step(lm, s, max_new_tokens, eos_id, sampling),
+        lambda s: decode_step(lm, s, max_new_tokens, eos_ids, sampling),
         state)
-
-
-def resolve_key(key, sampling: SamplingConfig) -> Array:
-    if key is None:
-        if not sampling.greedy:
-            raise ValueError("sampling with temperature > 0 needs a PRNG key: pass "
-                             "key=jax.random.key(seed) (greedy decoding needs none)")
-        return jax.random.key(0)
-    if not isinstance(key, jax.Array):
-        raise TypeError(f"key must be a JAX PRNG key (jax.random.key(seed)), got {type(key)}")
-    return key
-
-
-def prepare_batch(lm: CausalLM, prompts, prompt_lengths, max_new_tokens: int,
-                  sampling: SamplingConfig, eos_id, pad_id: int, *, extra_slots: int = 0,
-                  cache_size: int | None = None):
-    """Validate everything on the host; returns `(PromptBatch, capacity, eos)`."""
-    if not isinstance(lm, CausalLM):
-        raise TypeError(f"expected a specjax.CausalLM, got {type(lm).__name__}; wrap an NNX "
-                        "model with specjax.CausalLM.from_nnx(model)")
-    if not isinstance(sampling, SamplingConfig):
-        raise TypeError(f"sampling must be a specjax.SamplingConfig, got {type(sampling)}")
-    max_new_tokens = check_max_new_tokens(max_new_tokens)
-    sampling.check_vocab(lm.vocab_size)
-    eos = check_eos_id(eos_id, lm.vocab_size)
-    unpadded = pack_prompts(prompts, prompt_lengths, lm.vocab_size, pad_id=pad_id)
-    capacity = plan_capacity(unpadded.lengths, max_new_tokens, lm.max_seq_len,
-                             extra_slots=extra_slots, cache_size=cache_size)
-    width = min(bucket(unpadded.tokens.shape[1]), capacity)
-    padded = np.pad(unpadded.tokens, ((0, 0), (0, width - unpadded.tokens.shape[1])),
-                    constant_values=pad_id)
-    return PromptBatch(padded, unpadded.lengths), capacity, eos
 
 
 def generate(lm: CausalLM, prompts, *, max_new_tokens: int,
              sampling: SamplingConfig = SamplingConfig(), key: Array | None = None,
-             eos_id: int | None = None, prompt_lengths=None, pad_id: int = 0,
+             eos_id: int | Sequence[int] | None = None, prompt_lengths=None, pad_id: int = 0,
              cache_size: int | None = None) -> GenerateOutput:
     """Autoregressive decoding of a batch of prompts, fully jitted.
 
@@ -175,17 +124,19 @@ def generate(lm: CausalLM, prompts, *, max_new_tokens: int,
         longest prompt + max_new_tokens), capped at the model's max_seq_len) is unchanged.
       sampling: `SamplingConfig`; temperature 0 is greedy.
       key: PRNG key (required when sampling). Row b draws from `fold_in(step_key, b)`.
-      eos_id: a row stops after emitting it (the EOS is included in the output).
-      pad_id: written after each row's end.
+      eos_id: one id or a list of ids (chat models often end on several); a row stops
+        after emitting one (it is included in the output).
+      pad_id: any int32, written after each row's end (never fed to the model).
       cache_size: pins the cache length (default: the bucket above); too small is refused.
 
     Returns:
       `GenerateOutput(tokens int32 [B, max_new_tokens], lengths int32 [B])`.
     """
-    batch, capacity, eos = prepare_batch(lm, prompts, prompt_lengths, max_new_tokens,
-                                         sampling, eos_id, pad_id, cache_size=cache_size)
+    pad_id = check_pad_id(pad_id)
+    batch, capacity, eos_ids = prepare_batch(lm, prompts, prompt_lengths, max_new_tokens,
+                                             sampling, eos_id, cache_size=cache_size)
     state = _init_state(lm, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
                         resolve_key(key, sampling), jnp.int32(pad_id), capacity=capacity)
-    state = _decode_loop(lm, state, jnp.int32(max_new_tokens), jnp.int32(eos),
+    state = _decode_loop(lm, state, jnp.int32(max_new_tokens), jnp.asarray(eos_ids),
                          sampling=sampling)
     return GenerateOutput(tokens=state.output[:, :max_new_tokens], lengths=state.num_generated)

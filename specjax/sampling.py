@@ -10,12 +10,22 @@ and the speculative verifier all call these two functions, so they cannot disagr
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 NEG_INF = -jnp.inf
+MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
+
+
+def _real(name: str, value) -> float:
+    """A Python float from an int, float or numpy scalar (bools and arrays refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    return float(value)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -25,9 +35,16 @@ class SamplingConfig:
     temperature: 0 means greedy (argmax), decided at trace time; otherwise logits / t.
     top_k: keep the k most probable tokens (ties at the k-th value are kept, as in
       transformers' TopKLogitsWarper); 0 is off.
-    top_p: keep the smallest most-probable set whose mass reaches top_p, the token that
-      crosses the threshold included (transformers' TopPLogitsWarper; tokens tied with
-      the last kept logit are kept too); 1.0 is off.
+    top_p: keep every token whose strictly more probable tokens hold less than top_p of
+      the mass: the smallest most-probable set whose mass reaches top_p, the token that
+      crosses the threshold included; 1.0 is off. This is transformers' TopPLogitsWarper
+      except at ties with the crossing token: transformers keeps the tied tokens that its
+      ascending stable sort puts past the 1 - top_p mark (the higher token ids) and drops
+      the others; we keep every tied token, so ties share one fate and the kept set does
+      not depend on token ids (tested against a port of transformers' rule).
+
+    Numbers may be Python or numpy scalars. Temperatures below float32's smallest normal
+    number (MIN_TEMPERATURE, 1.2e-38) are refused: use 0 for greedy.
     """
 
     temperature: float = 1.0
@@ -35,16 +52,25 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
-            raise TypeError(f"temperature must be a number, got {self.temperature!r}")
-        if not self.temperature >= 0.0:  # also refuses NaN
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0 (0 turns it off), got {self.top_k!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1] (1.0 turns it off), got {self.top_p!r}")
-        object.__setattr__(self, "temperature", float(self.temperature))
-        object.__setattr__(self, "top_p", float(self.top_p))
+        temperature = _real("temperature", self.temperature)
+        if not temperature >= 0.0:  # also refuses NaN
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+        if 0.0 < temperature < MIN_TEMPERATURE:
+            # logits / t would leave float32's normal range: subnormal temperatures are
+            # flushed to zero on some backends and the warped logits become NaN.
+            raise ValueError(f"temperature {temperature!r} is below {MIN_TEMPERATURE} "
+                             "(float32's smallest normal number); use temperature=0 for "
+                             "greedy decoding, the limit of tiny temperatures")
+        top_k = self.top_k
+        if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, numbers.Integral) \
+                or top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 turns it off), got {top_k!r}")
+        top_p = _real("top_p", self.top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1.0 turns it off), got {top_p!r}")
+        object.__setattr__(self, "temperature", temperature)
+        object.__setattr__(self, "top_k", int(top_k))
+        object.__setattr__(self, "top_p", top_p)
 
     @property
     def greedy(self) -> bool:
@@ -70,7 +96,12 @@ def warp_logits(logits_BV: Array, sampling: SamplingConfig) -> Array:
     if sampling.greedy:
         return logits
     if sampling.temperature != 1.0:
-        logits = logits / sampling.temperature
+        # Shift by the row maximum first: logits / t overflows to inf (and softmax to NaN)
+        # for small t, while (logits - max) / t is <= 0 with the maximum exactly 0, so
+        # tiny temperatures approach the greedy limit (ties share the mass) instead.
+        top_BV = jnp.max(logits, axis=-1, keepdims=True)
+        shift_BV = jnp.where(jnp.isfinite(top_BV), top_BV, 0.0)
+        logits = (logits - shift_BV) / sampling.temperature
     vocab = logits.shape[-1]
     if 0 < sampling.top_k < vocab:
         keys = _order_keys(logits)

@@ -19,9 +19,7 @@ import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM
-from specjax.drafters.base import Commit, DraftContext
-from specjax.drafters.draft_model import DraftModel
-from specjax.generate import prefill, prepare_batch, resolve_key
+from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.rejection import accept_greedy, accept_sampled
 from specjax.sampling import SamplingConfig, probabilities
 
@@ -48,9 +46,9 @@ class SpeculativeState:
     """Everything that changes during speculative decoding (one pytree, donated).
 
     sequence int32 [B, S]; lengths, prompt_lengths int32 [B]; target_cache; drafter_state;
-    done bool [B]; key (the one PRNG key); max_new_tokens, eos_id int32 scalars (traced:
-    new values do not recompile; eos -1 is none). Counters per row, int32: target_forwards,
-    draft_forwards, proposed, checked (drafts up to and including the first rejection),
+    done bool [B]; key (the one PRNG key); max_new_tokens int32 scalar and eos_ids int32
+    [E] (traced: new values do not recompile; -1 entries are no EOS). Counters per row,
+    int32: target_forwards, draft_forwards, proposed, checked (drafts up to and including the first rejection),
     accepted, accepted_per_position [B, K]. Last step, per row:
     step_accepted (drafts accepted), step_emitted (tokens committed). num_steps: verify
     forwards run for the batch.
@@ -64,7 +62,7 @@ class SpeculativeState:
     done: Array
     key: Array
     max_new_tokens: Array
-    eos_id: Array
+    eos_ids: Array
     target_forwards: Array
     draft_forwards: Array
     proposed: Array
@@ -79,61 +77,48 @@ class SpeculativeState:
     def num_generated(self) -> Array:
         return self.lengths - self.prompt_lengths
 
-
-def as_drafter(draft):
-    """A CausalLM becomes `DraftModel(draft, method="sample")`; drafters pass through."""
-    if isinstance(draft, CausalLM):
-        return DraftModel(draft, method="sample")
-    for name in ("check", "init", "propose", "commit", "forwards_per_step"):
-        if not callable(getattr(draft, name, None)):
-            raise TypeError(f"draft must be a specjax.CausalLM or a drafter (see "
-                            f"specjax.drafters.Drafter); {type(draft).__name__} has no {name}()")
-    return draft
+    @property
+    def num_draft_tokens(self) -> int:
+        """The K this state was built for (its counters and scratch slots have that size)."""
+        return self.accepted_per_position.shape[1]
 
 
-@functools.partial(jax.jit, static_argnames=("capacity", "num_draft_tokens"))
-def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengths_B: Array,
-                key: Array, max_new_tokens: Array, eos_id: Array, *, capacity: int,
-                num_draft_tokens: int) -> SpeculativeState:
-    batch, width = prompt_tokens_BP.shape
-    cache = target.init_cache(batch, capacity)
-    cache, _, _ = prefill(target, cache, prompt_tokens_BP, prompt_lengths_B)
-    sequence = jnp.zeros((batch, capacity), jnp.int32).at[:, :width].set(prompt_tokens_BP)
-    zeros = jnp.zeros((batch,), jnp.int32)
-    return SpeculativeState(
-        sequence=sequence, lengths=prompt_lengths_B, prompt_lengths=prompt_lengths_B,
-        target_cache=cache,
-        drafter_state=drafter.init(prompt_tokens_BP, prompt_lengths_B, capacity),
-        done=jnp.zeros((batch,), bool), key=key, max_new_tokens=max_new_tokens,
-        eos_id=eos_id, target_forwards=zeros, draft_forwards=zeros, proposed=zeros,
-        checked=zeros, accepted=zeros,
-        accepted_per_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
-        step_accepted=zeros, step_emitted=zeros, num_steps=jnp.zeros((), jnp.int32))
+def check_config_matches_state(state: SpeculativeState, config: SpeculativeConfig) -> None:
+    """Refuse (at trace time) a step whose K differs from the K the state was built for:
+    its per-position counters have K columns and its caches reserve K + 1 scratch slots."""
+    built_for = state.num_draft_tokens
+    if config.num_draft_tokens != built_for:
+        raise ValueError(
+            f"this SpeculativeState was built for num_draft_tokens={built_for}, but the "
+            f"SpeculativeConfig asks for {config.num_draft_tokens}; step it with "
+            f"SpeculativeConfig(num_draft_tokens={built_for}, ...), or build a new state with "
+            f"init_speculative_state(..., num_draft_tokens={config.num_draft_tokens})")
 
 
-def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: int,
-                           num_draft_tokens: int, sampling: SamplingConfig = SamplingConfig(),
-                           key: Array | None = None, eos_id: int | None = None,
-                           prompt_lengths=None,
-                           cache_size: int | None = None) -> tuple[SpeculativeState, Any]:
-    """Validate the inputs on the host, then prefill target and drafter.
-
-    `cache_size` pins the slots of the caches and the token buffer (by default a power of
-    two >= longest prompt + max_new_tokens + K + 1); too small a value is refused.
-    Returns `(state, drafter)`; pass both to `speculative_step` with
-    `SpeculativeConfig(num_draft_tokens=..., sampling=...)`.
-    """
-    config = SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling)
-    drafter = as_drafter(draft)
-    batch, capacity, eos = prepare_batch(target, prompts, prompt_lengths, max_new_tokens,
-                                         sampling, eos_id, 0,
-                                         extra_slots=config.num_draft_tokens + 1,
-                                         cache_size=cache_size)
-    drafter.check(target, sampling)
-    state = _init_state(target, drafter, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
-                        resolve_key(key, sampling), jnp.int32(max_new_tokens), jnp.int32(eos),
-                        capacity=capacity, num_draft_tokens=config.num_draft_tokens)
-    return state, drafter
+def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int,
+                   vocab_size: int) -> None:
+    """Refuse (at trace time) a proposal that breaks the drafter contract, naming the
+    drafter, the field and the expected shape."""
+    name = type(drafter).__name__
+    if not isinstance(proposal, Proposal):
+        raise TypeError(f"{name}.propose must return (state, specjax.drafters.Proposal), got "
+                        f"{type(proposal).__name__}")
+    expected = {"tokens": (batch, num_draft_tokens), "q": (batch, num_draft_tokens, vocab_size)}
+    meaning = {"tokens": "int [batch, num_draft_tokens]",
+               "q": "float [batch, num_draft_tokens, target vocab_size]: the distribution "
+                    "each draft was drawn from, over the TARGET's vocabulary (give ids the "
+                    "draft lacks probability 0)"}
+    for field, shape in expected.items():
+        value = getattr(proposal, field)
+        if tuple(value.shape) != shape:
+            raise ValueError(f"{name}.propose returned Proposal.{field} with shape "
+                             f"{tuple(value.shape)}; expected {shape} ({meaning[field]})")
+    if not jnp.issubdtype(proposal.tokens.dtype, jnp.integer):
+        raise TypeError(f"{name}.propose returned Proposal.tokens of dtype "
+                        f"{proposal.tokens.dtype}; token ids must be integers")
+    if not jnp.issubdtype(proposal.q.dtype, jnp.floating):
+        raise TypeError(f"{name}.propose returned Proposal.q of dtype {proposal.q.dtype}; "
+                        "q must be floating-point probabilities")
 
 
 def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
@@ -146,6 +131,7 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     its own number of tokens (cut at EOS and max_new_tokens); both caches roll back by
     length.
     """
+    check_config_matches_state(state, config)
     num_draft = config.num_draft_tokens
     sampling = config.sampling
     key, k_draft, k_accept, k_resample = jax.random.split(state.key, 4)
@@ -155,6 +141,8 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     drafter_state, proposal = drafter.propose(
         state.drafter_state, DraftContext(state.sequence, lengths_B), k_draft,
         num_draft_tokens=num_draft, sampling=sampling, vocab_size=target.vocab_size)
+    check_proposal(drafter, proposal, lengths_B.shape[0], num_draft, target.vocab_size)
+    proposal = Proposal(tokens=proposal.tokens.astype(jnp.int32), q=proposal.q)
 
     last_token_B = jnp.take_along_axis(state.sequence, lengths_B[:, None] - 1, axis=1)[:, 0]
     verify_tokens_BK1 = jnp.concatenate([last_token_B[:, None], proposal.tokens], axis=1)
@@ -176,7 +164,8 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
                             acceptance.next_token[:, None])
     num_emitted_B = jnp.minimum(num_accepted_B + 1,
                                 state.max_new_tokens - (lengths_B - state.prompt_lengths))
-    is_eos_BK1 = (emitted_BK1 == state.eos_id) & (index_K1 < num_emitted_B[:, None])
+    matches_eos_BK1 = jnp.any(emitted_BK1[:, :, None] == state.eos_ids[None, None, :], axis=2)
+    is_eos_BK1 = matches_eos_BK1 & (index_K1 < num_emitted_B[:, None])
     hit_eos_B = jnp.any(is_eos_BK1, axis=1)
     num_emitted_B = jnp.where(hit_eos_B, jnp.argmax(is_eos_BK1, axis=1) + 1, num_emitted_B)
     num_emitted_B = jnp.where(active_B, num_emitted_B, 0).astype(jnp.int32)
@@ -199,7 +188,7 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     return SpeculativeState(
         sequence=sequence, lengths=new_lengths_B, prompt_lengths=state.prompt_lengths,
         target_cache=target_cache, drafter_state=drafter_state, done=done_B, key=key,
-        max_new_tokens=state.max_new_tokens, eos_id=state.eos_id,
+        max_new_tokens=state.max_new_tokens, eos_ids=state.eos_ids,
         target_forwards=state.target_forwards + active_i,
         draft_forwards=state.draft_forwards + active_i * drafter.forwards_per_step(num_draft),
         proposed=state.proposed + active_i * num_draft,
@@ -219,119 +208,3 @@ def jitted_step(target: CausalLM, drafter, state: SpeculativeState,
     return speculative_step(target, drafter, state, config)
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("state",))
-def _speculative_loop(target: CausalLM, drafter, state: SpeculativeState,
-                      config: SpeculativeConfig) -> SpeculativeState:
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
-                              lambda s: speculative_step(target, drafter, s, config), state)
-
-
-@jax.jit
-def _generated_tokens(state: SpeculativeState, pad_id: Array) -> Array:
-    """int32 [B, S]: each row's generated tokens from slot 0, pad after its end."""
-    index_BS = state.prompt_lengths[:, None] + jnp.arange(state.sequence.shape[1],
-                                                          dtype=jnp.int32)[None]
-    last_slot = state.sequence.shape[1] - 1
-    tokens_BS = jnp.take_along_axis(state.sequence, jnp.minimum(index_BS, last_slot), axis=1)
-    return jnp.where(index_BS < state.lengths[:, None], tokens_BS, pad_id)
-
-
-@dataclasses.dataclass(frozen=True)
-class SpeculativeStats:
-    """Metrics of DESIGN.md section 7, per row (numpy arrays [B]) and overall (floats).
-
-    acceptance_rate: accepted drafts / proposed drafts (DESIGN.md's alpha).
-    position_acceptance_rate: accepted drafts / checked drafts, where a step checks its
-      drafts up to and including the first rejection. This estimates the per-position
-      acceptance probability beta that the i.i.d. model uses: E[tau] = (1 - beta^(K+1)) /
-      (1 - beta). The two differ: with i.i.d. beta, acceptance_rate = sum_j beta^j / K.
-    mean_accepted_length: emitted tokens / target forwards (includes the bonus or
-      correction token; plain AR = 1.0).
-    accepted_per_position [K]: fraction of verify steps whose draft j was accepted.
-    target_forwards / draft_forwards: per row, while the row was running (prefill
-    excluded); num_steps: batched verify forwards run.
-    """
-
-    acceptance_rate: float
-    position_acceptance_rate: float
-    mean_accepted_length: float
-    accepted_per_position: np.ndarray
-    target_forwards: np.ndarray
-    draft_forwards: np.ndarray
-    emitted: np.ndarray
-    proposed: np.ndarray
-    accepted: np.ndarray
-    row_acceptance_rate: np.ndarray
-    row_mean_accepted_length: np.ndarray
-    row_accepted_per_position: np.ndarray
-    num_steps: int
-
-    @classmethod
-    def from_state(cls, state: SpeculativeState) -> SpeculativeStats:
-        host = jax.device_get
-        proposed = np.asarray(host(state.proposed))
-        accepted = np.asarray(host(state.accepted))
-        forwards = np.asarray(host(state.target_forwards))
-        emitted = np.asarray(host(state.lengths - state.prompt_lengths))
-        per_pos = np.asarray(host(state.accepted_per_position))
-        safe = lambda n: np.maximum(n, 1)
-        return cls(
-            acceptance_rate=float(accepted.sum() / max(proposed.sum(), 1)),
-            position_acceptance_rate=float(accepted.sum()
-                                           / max(np.asarray(host(state.checked)).sum(), 1)),
-            mean_accepted_length=float(emitted.sum() / max(forwards.sum(), 1)),
-            accepted_per_position=per_pos.sum(0) / max(forwards.sum(), 1),
-            target_forwards=forwards, draft_forwards=np.asarray(host(state.draft_forwards)),
-            emitted=emitted, proposed=proposed, accepted=accepted,
-            row_acceptance_rate=accepted / safe(proposed),
-            row_mean_accepted_length=emitted / safe(forwards),
-            row_accepted_per_position=per_pos / safe(forwards)[:, None],
-            num_steps=int(host(state.num_steps)))
-
-    def as_dict(self) -> dict:
-        out = {}
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            out[field.name] = value.tolist() if isinstance(value, np.ndarray) else value
-        return out
-
-
-@dataclasses.dataclass(frozen=True)
-class SpeculativeOutput:
-    """`tokens` int32 [B, max_new_tokens] and `lengths` int32 [B] exactly as `generate`
-    returns them, plus `stats` (SpeculativeStats)."""
-
-    tokens: Array
-    lengths: Array
-    stats: SpeculativeStats
-
-
-def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: int,
-                         num_draft_tokens: int, sampling: SamplingConfig = SamplingConfig(),
-                         key: Array | None = None, eos_id: int | None = None,
-                         prompt_lengths=None, pad_id: int = 0,
-                         cache_size: int | None = None) -> SpeculativeOutput:
-    """Speculative decoding of a batch of prompts in one jit and one `lax.while_loop`.
-
-    Args:
-      target: the model whose distribution the output follows exactly.
-      draft: a CausalLM sharing the target's tokenizer (wrapped as
-        `DraftModel(draft, method="sample")`) or any drafter.
-      prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id: as in
-        `specjax.generate`; `max_new_tokens` is traced.
-      num_draft_tokens: K, the drafts verified per target forward.
-      cache_size: optional fixed cache length (see `init_speculative_state`).
-
-    Returns:
-      `SpeculativeOutput(tokens [B, max_new_tokens], lengths [B], stats)`. A block that
-      overshoots `max_new_tokens` is cut; an EOS inside an accepted block ends the row there.
-    """
-    config = SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling)
-    state, drafter = init_speculative_state(
-        target, draft, prompts, max_new_tokens=max_new_tokens,
-        num_draft_tokens=config.num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
-        prompt_lengths=prompt_lengths, cache_size=cache_size)
-    state = _speculative_loop(target, drafter, state, config)
-    tokens = _generated_tokens(state, jnp.int32(pad_id))[:, :max_new_tokens]
-    return SpeculativeOutput(tokens=tokens, lengths=state.num_generated,
-                             stats=SpeculativeStats.from_state(state))

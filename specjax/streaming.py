@@ -18,14 +18,11 @@ import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM
+from specjax.inputs import check_pad_id
 from specjax.sampling import SamplingConfig
-from specjax.speculative import (
-    SpeculativeConfig,
-    SpeculativeState,
-    SpeculativeStats,
-    init_speculative_state,
-    jitted_step,
-)
+from specjax.speculative import SpeculativeConfig, SpeculativeState, jitted_step
+from specjax.speculative_decoding import init_speculative_state
+from specjax.stats import SpeculativeStats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,13 +31,15 @@ class StreamChunk:
 
     tokens[b]: row b's new tokens (possibly none). from_draft[b][i]: True when tokens[b][i]
     was an accepted draft token, False when the target supplied it. done[b]: row b ended.
-    step: 1-based step number. stats: filled on the last chunk only.
+    step: 1-based step number. block: int32 [B, K+1], the same tokens as one array padded
+    with `pad_id` after each row's count. stats: filled on the last chunk only.
     """
 
     step: int
     tokens: list[list[int]]
     from_draft: list[list[bool]]
     done: list[bool]
+    block: np.ndarray
     stats: SpeculativeStats | None = None
 
 
@@ -55,17 +54,19 @@ def _step_window(state: SpeculativeState, *, width: int) -> Array:
 
 def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
                        num_draft_tokens: int, sampling: SamplingConfig = SamplingConfig(),
-                       key: Array | None = None, eos_id: int | None = None,
-                       prompt_lengths=None) -> Iterator[StreamChunk]:
+                       key: Array | None = None, eos_id=None, prompt_lengths=None,
+                       pad_id: int = 0, cache_size: int | None = None) -> Iterator[StreamChunk]:
     """Yield one `StreamChunk` per speculative step until every row is done.
 
-    Same arguments and the same tokens as `speculative_generate` with the same key.
+    Same arguments and the same tokens as `speculative_generate` with the same key;
+    `pad_id` fills each chunk's `block` array after the row's new tokens.
     """
     config = SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling)
+    pad_id = check_pad_id(pad_id)
     state, drafter = init_speculative_state(
         target, draft, prompts, max_new_tokens=max_new_tokens,
         num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
-        prompt_lengths=prompt_lengths)
+        prompt_lengths=prompt_lengths, cache_size=cache_size)
     width = num_draft_tokens + 1
     step = 0
     while True:
@@ -77,8 +78,10 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
         tokens = [window[b, : emitted[b]].tolist() for b in range(len(emitted))]
         from_draft = [[i < accepted[b] for i in range(emitted[b])] for b in range(len(emitted))]
         finished = bool(np.all(done))
+        block = np.where(np.arange(width)[None, :] < emitted[:, None], window,
+                         pad_id).astype(np.int32)
         yield StreamChunk(step=step, tokens=tokens, from_draft=from_draft,
-                          done=[bool(d) for d in done],
+                          done=[bool(d) for d in done], block=block,
                           stats=SpeculativeStats.from_state(state) if finished else None)
         if finished:
             return

@@ -4,22 +4,22 @@ import jax
 import pytest
 from flax import nnx
 
-import models
+import specjax_models
 import specjax
 
 # Implicit rank promotion hides shape bugs; every test runs with it refused.
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
-def tiny_config(**overrides) -> models.TransformerConfig:
+def tiny_config(**overrides) -> specjax_models.TransformerConfig:
     fields = dict(vocab_size=32, num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
                   d_ff=128, max_seq_len=128)
     fields.update(overrides)
-    return models.TransformerConfig(**fields)
+    return specjax_models.TransformerConfig(**fields)
 
 
 def build_lm(seed: int = 0, **overrides) -> specjax.CausalLM:
-    return specjax.CausalLM.from_nnx(models.Transformer(tiny_config(**overrides),
+    return specjax.CausalLM.from_nnx(specjax_models.Transformer(tiny_config(**overrides),
                                                         rngs=nnx.Rngs(seed)))
 
 

@@ -1,18 +1,18 @@
-"""models.checkpoint and models.bundled: orbax round trips and the bundled pair."""
+"""specjax_models.checkpoint and specjax_models.bundled: orbax round trips and the bundled pair."""
 
 import jax
 import numpy as np
 import pytest
 from conftest import build_lm, tiny_config
 
-import models
+import specjax_models
 import specjax
 
 
 def test_save_load_round_trip_gives_identical_params_and_tokens(tmp_path):
     lm = build_lm(8)
-    models.save_checkpoint(lm, tiny_config(), tmp_path / "ckpt", extra={"note": "test"})
-    loaded = models.load_checkpoint(tmp_path / "ckpt")
+    specjax_models.save_checkpoint(lm, tiny_config(), tmp_path / "ckpt", extra={"note": "test"})
+    loaded = specjax_models.load_checkpoint(tmp_path / "ckpt")
     for a, b in zip(jax.tree.leaves(lm.params), jax.tree.leaves(loaded.params), strict=True):
         np.testing.assert_array_equal(a, b)
     config = specjax.SamplingConfig(temperature=1.0)
@@ -21,19 +21,19 @@ def test_save_load_round_trip_gives_identical_params_and_tokens(tmp_path):
     b = specjax.generate(loaded, [[1, 2, 3]], max_new_tokens=12, sampling=config,
                          key=jax.random.key(0))
     np.testing.assert_array_equal(a.tokens, b.tokens)
-    assert models.load_config(tmp_path / "ckpt") == tiny_config()
+    assert specjax_models.load_config(tmp_path / "ckpt") == tiny_config()
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a specjax checkpoint"):
-        models.load_checkpoint(tmp_path)
+        specjax_models.load_checkpoint(tmp_path)
     with pytest.raises(ValueError, match="unknown bundled model"):
-        models.load_bundled("teacher")
+        specjax_models.load_bundled("teacher")
 
 
 @pytest.fixture(scope="session")
 def bundled_pair():
-    return models.load_bundled("target"), models.load_bundled("draft")
+    return specjax_models.load_bundled("target"), specjax_models.load_bundled("draft")
 
 
 def test_bundled_pair_sizes_and_tokenizer(bundled_pair):
@@ -41,15 +41,15 @@ def test_bundled_pair_sizes_and_tokenizer(bundled_pair):
     count = lambda lm: sum(x.size for x in jax.tree.leaves(lm.params))
     assert 3e6 <= count(target) <= 10e6
     assert count(draft) <= count(target) / 10
-    assert target.vocab_size == draft.vocab_size == models.ByteTokenizer.vocab_size
+    assert target.vocab_size == draft.vocab_size == specjax_models.ByteTokenizer.vocab_size
 
 
 def test_bundled_pair_is_trained_and_agrees(bundled_pair):
     """Greedy speculative decoding of a held-out prompt: the draft is mostly accepted, and
     the output equals plain greedy decoding of the target."""
     target, draft = bundled_pair
-    tok = models.ByteTokenizer()
-    prompt = tok.encode(models.bundled_prompts()[0]["text"])
+    tok = specjax_models.ByteTokenizer()
+    prompt = tok.encode(specjax_models.bundled_prompts()[0]["text"])
     plain = specjax.generate(target, [prompt], max_new_tokens=48, sampling=specjax.GREEDY)
     spec = specjax.speculative_generate(target, draft, [prompt], max_new_tokens=48,
                                         num_draft_tokens=4, sampling=specjax.GREEDY)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from models import corpus
+from specjax_models import corpus
 
 
 def run(*args, timeout=240):

@@ -1,9 +1,9 @@
-"""models.corpus: the stdlib corpus, its stable split, and reproducible batches."""
+"""specjax_models.corpus: the stdlib corpus, its stable split, and reproducible batches."""
 
 import numpy as np
 
-from models import corpus
-from models.tokenizer import BOS_ID, EOS_ID
+from specjax_models import corpus
+from specjax_models.tokenizer import BOS_ID, EOS_ID
 
 
 def test_split_is_by_file_and_stable():
@@ -39,8 +39,8 @@ def test_shipped_prompts_come_from_heldout_files():
     import json
     from pathlib import Path
 
-    import models
+    import specjax_models
 
-    prompts = json.loads((Path(models.__file__).parent / "checkpoints/prompts.json").read_text())
+    prompts = json.loads((Path(specjax_models.__file__).parent / "checkpoints/prompts.json").read_text())
     assert {p["kind"] for p in prompts} == {"continue", "copy"}
     assert all(corpus.is_heldout(p["file"]) for p in prompts)

@@ -151,3 +151,56 @@ def test_non_causal_lm_is_refused():
 def test_public_api_names():
     for name in ["CausalLM", "SamplingConfig", "generate", "warp_logits", "probabilities"]:
         assert hasattr(specjax, name)
+
+
+# ---------------------------------------------------------------- adversarial edge cases
+
+def test_out_of_vocab_pad_id_only_fills_the_output(tiny_lm):
+    prompts = [[1, 2, 3], [4]]
+    base = generate(tiny_lm, prompts, max_new_tokens=10, sampling=GREEDY, eos_id=7)
+    padded = generate(tiny_lm, prompts, max_new_tokens=10, sampling=GREEDY, eos_id=7,
+                      pad_id=99)
+    np.testing.assert_array_equal(padded.lengths, base.lengths)
+    inside = np.arange(10)[None] < np.asarray(base.lengths)[:, None]
+    np.testing.assert_array_equal(np.asarray(padded.tokens)[inside],
+                                  np.asarray(base.tokens)[inside])
+    assert np.all(np.asarray(padded.tokens)[~inside] == 99)
+    assert np.asarray(base.tokens)[inside].any()  # not the all-zero output of the bug
+
+
+@pytest.mark.parametrize("pad_id, error, message", [
+    (1.5, TypeError, "pad_id must be an int"),
+    (2**40, ValueError, "does not fit in int32"),
+    (True, TypeError, "pad_id must be an int"),
+])
+def test_bad_pad_ids_are_refused(tiny_lm, pad_id, error, message):
+    with pytest.raises(error, match=message):
+        generate(tiny_lm, [[1]], max_new_tokens=2, sampling=GREEDY, pad_id=pad_id)
+
+
+def test_tiny_temperatures_follow_the_greedy_limit_or_are_refused(tiny_lm):
+    greedy = generate(tiny_lm, [[1, 2, 3], [9, 4]], max_new_tokens=12, sampling=GREEDY)
+    cold = generate(tiny_lm, [[1, 2, 3], [9, 4]], max_new_tokens=12,
+                    sampling=SamplingConfig(temperature=1e-30), key=jax.random.key(3))
+    np.testing.assert_array_equal(cold.tokens, greedy.tokens)
+    with pytest.raises(ValueError, match="use temperature=0 for greedy"):
+        SamplingConfig(temperature=1e-40)
+
+
+def test_several_eos_ids_and_numpy_ids_are_accepted(tiny_lm):
+    free = generate(tiny_lm, [[1, 2, 3]], max_new_tokens=16, sampling=GREEDY)
+    first, second = int(free.tokens[0, 6]), int(free.tokens[0, 3])
+    out = generate(tiny_lm, [[1, 2, 3]], max_new_tokens=16, sampling=GREEDY,
+                   eos_id=[first, np.int64(second)])
+    assert int(out.lengths[0]) == 1 + min(
+        int(np.argmax(np.asarray(free.tokens[0]) == t)) for t in (first, second))
+    with pytest.raises(TypeError, match="non-empty list of ints"):
+        generate(tiny_lm, [[1]], max_new_tokens=2, sampling=GREEDY, eos_id=[])
+    with pytest.raises(ValueError, match="eos_id=40 is outside"):
+        generate(tiny_lm, [[1]], max_new_tokens=2, sampling=GREEDY, eos_id=[3, 40])
+
+
+def test_a_prompt_that_fills_max_seq_len_names_the_prompt_limit(tiny_lm):
+    with pytest.raises(ValueError, match="leaves no room for new tokens.*shorten the prompt "
+                                         "to at most 124 tokens"):
+        generate(tiny_lm, [[1] * 128], max_new_tokens=4, sampling=GREEDY)

@@ -1,4 +1,4 @@
-"""models.hf: conformance with transformers for every supported family (random weights
+"""specjax_models.hf: conformance with transformers for every supported family (random weights
 made here, nothing downloaded), export round trips, tokenizers, and a speculative pair."""
 
 import json
@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import models  # noqa: E402
+import specjax_models  # noqa: E402
 import specjax  # noqa: E402
 
 COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -48,7 +48,7 @@ def family_pair(request, tmp_path_factory):
     hf = _hf_model(request.param)
     path = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(path)
-    return request.param, hf, models.from_pretrained(path), path
+    return request.param, hf, specjax_models.from_pretrained(path), path
 
 
 def _hf_logits(hf, tokens):
@@ -90,17 +90,17 @@ def test_incremental_cache_path_equals_full_forward(family_pair):
 
 def test_export_round_trip_loads_in_transformers(family_pair, tmp_path):
     family, _, ours, _ = family_pair
-    models.save_pretrained(ours, tmp_path / "export")
+    specjax_models.save_pretrained(ours, tmp_path / "export")
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export",
                                                              attn_implementation="eager")
     np.testing.assert_allclose(_hf_logits(back.eval(), TOKENS), ours.logits(TOKENS),
                                atol=2e-4, rtol=1e-4)
-    assert models.from_pretrained(tmp_path / "export").vocab_size == 300
+    assert specjax_models.from_pretrained(tmp_path / "export").vocab_size == 300
 
 
 def test_bundled_pair_exports_to_transformers(tmp_path):
-    target = models.load_bundled("target")
-    models.save_pretrained(target, tmp_path / "target")
+    target = specjax_models.load_bundled("target")
+    specjax_models.save_pretrained(target, tmp_path / "target")
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "target").eval()
     tokens = TOKENS[:2, :16] % 256
     np.testing.assert_allclose(_hf_logits(back, tokens), target.logits(tokens), atol=2e-4)
@@ -109,9 +109,9 @@ def test_bundled_pair_exports_to_transformers(tmp_path):
 def test_bfloat16_checkpoints_stay_bfloat16(tmp_path):
     hf = _hf_model("qwen2").to(torch.bfloat16)
     hf.save_pretrained(tmp_path)
-    lm = models.from_pretrained(tmp_path)
+    lm = specjax_models.from_pretrained(tmp_path)
     assert {x.dtype for x in jax.tree.leaves(lm.params)} == {np.dtype(jax.numpy.bfloat16)}
-    as_f32 = models.from_pretrained(tmp_path, dtype="float32")
+    as_f32 = specjax_models.from_pretrained(tmp_path, dtype="float32")
     assert {x.dtype for x in jax.tree.leaves(as_f32.params)} == {np.dtype(np.float32)}
 
 
@@ -128,7 +128,7 @@ def test_unsupported_options_are_named(tmp_path, patch, message):
     config.update(patch)
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=message):
-        models.from_pretrained(tmp_path)
+        specjax_models.from_pretrained(tmp_path)
 
 
 def test_qwen2_pair_with_padded_vocabs_speculative_equals_transformers_greedy(tmp_path):
@@ -140,8 +140,8 @@ def test_qwen2_pair_with_padded_vocabs_speculative_equals_transformers_greedy(tm
     hf_draft = transformers.AutoModelForCausalLM.from_config(draft_cfg).eval()
     hf_target.save_pretrained(tmp_path / "t")
     hf_draft.save_pretrained(tmp_path / "d")
-    target = models.from_pretrained(tmp_path / "t")
-    draft = models.from_pretrained(tmp_path / "d")
+    target = specjax_models.from_pretrained(tmp_path / "t")
+    draft = specjax_models.from_pretrained(tmp_path / "d")
     prompts = TOKENS[:, :8]
     with torch.no_grad():
         theirs = hf_target.generate(torch.from_numpy(prompts), max_new_tokens=24,
@@ -168,7 +168,7 @@ def test_tokenizer_special_ids_and_chat_template(tmp_path):
                          "{{ eos_token }} {% endfor %}{% if add_generation_prompt %}"
                          "assistant :{% endif %}"}))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2]}))
-    tok = models.load_tokenizer(tmp_path)
+    tok = specjax_models.load_tokenizer(tmp_path)
     assert (tok.bos_id, tok.eos_id, tok.eos_ids, tok.pad_id) == (0, 1, [1, 2], 2)
     assert tok.encode("hello world") == [3, 4]
     assert tok.decode([3, 4]) == "hello world"
@@ -187,4 +187,4 @@ def test_a_weight_the_architecture_does_not_use_is_refused(tmp_path):
     tensors["model.layers.0.self_attn.c_attn.bias"] = np.zeros(64, np.float32)
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match="weights this architecture does not use"):
-        models.from_pretrained(tmp_path)
+        specjax_models.from_pretrained(tmp_path)

@@ -136,3 +136,39 @@ def test_cutoffs_are_exact_for_nearly_equal_logits():
     logits = jnp.array([[base, np.nextafter(base, np.float32(2)), base - 1, -3.0]], jnp.float32)
     kept = np.isfinite(np.asarray(warp_logits(logits, SamplingConfig(top_k=1))))[0]
     assert kept.tolist() == [False, True, False, False]
+
+
+def test_numpy_scalars_are_accepted_everywhere():
+    config = SamplingConfig(temperature=np.float32(0.5), top_k=np.int64(3),
+                            top_p=np.float32(0.9))
+    assert config == SamplingConfig(temperature=float(np.float32(0.5)), top_k=3,
+                                    top_p=float(np.float32(0.9)))
+    assert isinstance(config.top_k, int) and isinstance(config.temperature, float)
+    hash(config)  # still a static jit argument
+    with pytest.raises(TypeError, match="temperature must be a number"):
+        SamplingConfig(temperature=np.bool_(True))
+
+
+def test_tiny_temperature_warps_to_the_greedy_limit_without_nan():
+    logits = jnp.asarray([[1.0, 3.0, 2.0, 3.0], [0.5, -1.0, 0.0, 0.2]])
+    probs = np.asarray(probabilities(logits, SamplingConfig(temperature=1e-30)))
+    assert np.isfinite(probs).all()
+    np.testing.assert_allclose(probs, [[0, 0.5, 0, 0.5], [1, 0, 0, 0]])  # ties share
+
+
+def test_top_p_ties_at_the_cutoff_are_all_kept_where_transformers_keeps_some():
+    """The documented difference from transformers' rule, against the port above."""
+    probs = np.array([[0.4, 0.2, 0.2, 0.2]])  # tokens 1-3 tie with the crossing token
+    logits = np.log(probs).astype(np.float32)
+    ours = np.isfinite(np.asarray(warp_logits(jnp.asarray(logits), SamplingConfig(top_p=0.5))))
+    theirs = np.isfinite(reference_warp(logits, 1.0, 0, 0.5))
+    assert ours.tolist() == [[True, True, True, True]]
+    # transformers' ascending stable sort drops the lower ids among the tied tokens.
+    assert theirs.tolist() == [[True, False, False, True]]
+    # Without ties the two rules agree exactly (random logits, many top_p values).
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(256, 24)).astype(np.float32) * 3
+    for top_p in (0.1, 0.5, 0.77, 0.9, 0.99):
+        ours = np.isfinite(np.asarray(warp_logits(jnp.asarray(logits),
+                                                  SamplingConfig(top_p=top_p))))
+        np.testing.assert_array_equal(ours, np.isfinite(reference_warp(logits, 1.0, 0, top_p)))

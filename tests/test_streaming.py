@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 from helpers import perturbed
 
 from specjax import SamplingConfig, speculative_generate, speculative_stream
@@ -45,3 +46,22 @@ def test_stream_compiles_the_step_once(tiny_lm):
     list(speculative_stream(tiny_lm, draft, [[5, 6], [1], [2, 2, 2]], max_new_tokens=12,
                             key=jax.random.key(1), **kwargs))
     assert jitted_step._cache_size() == compiled
+
+
+def test_stream_takes_cache_size_and_pad_id_like_speculative_generate(tiny_lm):
+    draft = perturbed(tiny_lm, 0.05, seed=1)
+    kwargs = dict(max_new_tokens=10, num_draft_tokens=3, sampling=SamplingConfig(temperature=0),
+                  cache_size=64)
+    whole = speculative_generate(tiny_lm, draft, PROMPTS, pad_id=-7, **kwargs)
+    chunks = list(speculative_stream(tiny_lm, draft, PROMPTS, pad_id=-7, **kwargs))
+    for chunk in chunks:
+        assert chunk.block.shape == (len(PROMPTS), 4) and chunk.block.dtype == np.int32
+        for b, tokens in enumerate(chunk.tokens):
+            assert chunk.block[b, : len(tokens)].tolist() == tokens
+            assert (chunk.block[b, len(tokens):] == -7).all()
+    joined = np.concatenate([c.block for c in chunks], axis=1)
+    for b in range(len(PROMPTS)):
+        kept = joined[b][joined[b] != -7][: int(whole.lengths[b])]
+        assert kept.tolist() == np.asarray(whole.tokens[b, : int(whole.lengths[b])]).tolist()
+    with pytest.raises(ValueError, match="cache_size=8 is too small"):
+        next(speculative_stream(tiny_lm, draft, PROMPTS, **{**kwargs, "cache_size": 8}))

@@ -1,8 +1,8 @@
-"""models.tokenizer: the byte-level tokenizer round-trips every byte."""
+"""specjax_models.tokenizer: the byte-level tokenizer round-trips every byte."""
 
 import pytest
 
-from models.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
+from specjax_models.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
 
 
 def test_every_byte_round_trips():

@@ -1,4 +1,4 @@
-"""models.transformer: incremental decoding equals the full forward, masks, dtypes, shapes."""
+"""specjax_models.transformer: incremental decoding equals the full forward, masks, dtypes, shapes."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 from conftest import build_lm, tiny_config
 from flax import nnx
 
-import models
+import specjax_models
 import specjax
 
 
@@ -16,13 +16,13 @@ def _random_tokens(seed, shape, vocab):
 
 
 def test_issue_example_config_builds():
-    config = models.TransformerConfig(vocab_size=32, num_layers=2, d_model=64, num_heads=4,
+    config = specjax_models.TransformerConfig(vocab_size=32, num_layers=2, d_model=64, num_heads=4,
                                       num_kv_heads=2, d_ff=128, max_seq_len=128)
-    model = models.Transformer(config, rngs=nnx.Rngs(0))
+    model = specjax_models.Transformer(config, rngs=nnx.Rngs(0))
     # embed 32*64 + lm_head 64*32 + final norm 64
     # + per layer: q 64*64, k 64*32, v 64*32, o 64*64, mlp 3*64*128, two norms 2*64
     per_layer = 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64
-    assert models.count_params(model) == 32 * 64 * 2 + 64 + 2 * per_layer
+    assert specjax_models.count_params(model) == 32 * 64 * 2 + 64 + 2 * per_layer
 
 
 @pytest.mark.parametrize("overrides", [
@@ -64,7 +64,7 @@ def test_both_cache_attention_paths_match_full_forward(overrides):
     """Inputs longer than READ_BEFORE_WRITE_MAX_TOKENS write the cache first and attend
     once; shorter ones attend to the old cache and the new tokens as two segments and write
     after. Both, on empty and on filled caches (ragged rows), give the full-forward logits."""
-    long = models.transformer.READ_BEFORE_WRITE_MAX_TOKENS + 6
+    long = specjax_models.transformer.READ_BEFORE_WRITE_MAX_TOKENS + 6
     lm = build_lm(2, max_seq_len=256, **overrides)
     batch = 2
     sequences = _random_tokens(5, (batch, 2 * long + 8), lm.vocab_size)
@@ -146,16 +146,16 @@ def test_bfloat16_params_give_float32_logits_close_to_float32():
 
 
 def test_llama3_8b_config_builds_abstractly_without_memory():
-    config = models.TransformerConfig(vocab_size=128_256, num_layers=32, d_model=4096,
+    config = specjax_models.TransformerConfig(vocab_size=128_256, num_layers=32, d_model=4096,
                                       num_heads=32, num_kv_heads=8, d_ff=14_336,
                                       max_seq_len=8192, rope_theta=500_000.0,
                                       rms_norm_eps=1e-5, param_dtype="bfloat16",
                                       dtype="bfloat16")
-    abstract = nnx.eval_shape(lambda: models.Transformer(config, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: specjax_models.Transformer(config, rngs=nnx.Rngs(0)))
     state = nnx.state(abstract, nnx.Param)
     assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(state))
-    assert models.count_params(state) == 8_030_261_248  # the published Llama-3-8B count
-    cache = jax.eval_shape(lambda: models.KVCache.create(config, 4, 8192))
+    assert specjax_models.count_params(state) == 8_030_261_248  # the published Llama-3-8B count
+    cache = jax.eval_shape(lambda: specjax_models.KVCache.create(config, 4, 8192))
     assert cache.keys[0].shape == (4, 8, 128, 8192) and len(cache.keys) == 32
 
 
@@ -198,3 +198,23 @@ def test_from_nnx_refuses_what_it_cannot_wrap():
 
     with pytest.raises(TypeError, match="config"):
         specjax.CausalLM.from_nnx(NoConfig())
+
+
+def test_out_of_vocab_ids_in_masked_slots_cannot_poison_attention(tiny_lm):
+    """Padding a prompt with an id outside the vocabulary (here 999 in a 32-id model) must
+    leave the real rows' logits finite and unchanged: such ids read a real embedding row."""
+    prompts = jnp.asarray([[1, 2, 3, 0, 0], [4, 5, 6, 7, 8]], jnp.int32)
+    poisoned = prompts.at[0, 3:].set(999)
+    lengths = jnp.asarray([3, 5], jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(5), (2, 5))
+
+    def next_logits(tokens):
+        cache = tiny_lm.init_cache(2, 16)
+        _, _, cache = tiny_lm.apply(tokens, positions, cache, jnp.zeros((2,), jnp.int32))
+        step = jnp.asarray([[9], [9]], jnp.int32)
+        logits, _, _ = tiny_lm.apply(step, lengths[:, None], cache, lengths)
+        return np.asarray(logits)
+
+    clean, dirty = next_logits(prompts), next_logits(poisoned)
+    assert np.isfinite(dirty).all()
+    np.testing.assert_array_equal(dirty, clean)

@@ -18,9 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from specjax.causal_lm import CausalLM
+from specjax.causal_lm import CausalLM, prefill
 from specjax.drafters.base import Commit, DraftContext, Proposal
-from specjax.generate import prefill
 from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
 
 DRAFT_METHODS = ("sample", "greedy")

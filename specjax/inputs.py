@@ -1,4 +1,4 @@
-"""Host-side checks and packing of prompts, shared by every decoder.
+"""Host-side input preparation shared by every decoder: checks, prompt packing, capacity.
 
 Everything here runs before anything is traced, so bad input is refused with a message
 that names the problem and the fix instead of failing deep inside XLA. Shapes are
@@ -11,9 +11,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import jax
 import numpy as np
+from jax import Array
+
+from specjax.causal_lm import CausalLM
+from specjax.sampling import SamplingConfig
 
 MIN_PROMPT_BUCKET = 32
+# Prompt slots past a row's length hold this id: every vocabulary has it, so the padded
+# slots a prefill writes (masked afterwards) always come from a real embedding row.
+# A user's `pad_id` only fills outputs.
+PROMPT_PAD_ID = 0
 MIN_CACHE_BUCKET = 256
 
 
@@ -34,8 +43,8 @@ class PromptBatch:
         return self.tokens.shape[0]
 
 
-def pack_prompts(prompts, prompt_lengths, vocab_size: int, *, pad_to: int | None = None,
-                 pad_id: int = 0) -> PromptBatch:
+def pack_prompts(prompts, prompt_lengths, vocab_size: int, *,
+                 pad_to: int | None = None) -> PromptBatch:
     """Validate prompts and pack them into a right-padded `[B, P]` int32 array.
 
     `prompts` is a list of token-id lists (ragged), or an int array `[B, P]` whose row b
@@ -100,29 +109,64 @@ def pack_prompts(prompts, prompt_lengths, vocab_size: int, *, pad_to: int | None
     width = int(lengths.max()) if pad_to is None else pad_to
     if width < lengths.max():
         raise ValueError(f"pad_to={pad_to} is shorter than the longest prompt ({lengths.max()})")
-    packed = np.full((len(rows), width), pad_id, np.int32)
+    packed = np.full((len(rows), width), PROMPT_PAD_ID, np.int32)
     for b, row in enumerate(rows):
         packed[b, : len(row)] = row
     return PromptBatch(tokens=packed, lengths=lengths.astype(np.int32))
 
 
 def check_max_new_tokens(max_new_tokens) -> int:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
+    if isinstance(max_new_tokens, (bool, np.bool_)) or not isinstance(max_new_tokens,
+                                                                      (int, np.integer)):
         raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     return int(max_new_tokens)
 
 
-def check_eos_id(eos_id, vocab_size: int) -> int:
-    """The EOS id as an int, or -1 (never produced) when None."""
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+MIN_EOS_SLOTS = 4
+
+
+def check_eos_id(eos_id, vocab_size: int) -> np.ndarray:
+    """The end-of-sequence ids as int32 `[E]`, padded with -1 (never produced).
+
+    `eos_id` is None, one id, or a sequence of ids (Llama 3 and Qwen chat models end on
+    several). E is a power of two >= 4, so one to four ids share one compiled decoder.
+    """
     if eos_id is None:
-        return -1
-    if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)):
-        raise TypeError(f"eos_id must be an int or None, got {eos_id!r}")
-    if not 0 <= eos_id < vocab_size:
-        raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab_size})")
-    return int(eos_id)
+        ids = []
+    elif _is_int(eos_id):
+        ids = [eos_id]
+    elif isinstance(eos_id, (list, tuple, np.ndarray)) and not isinstance(eos_id, str):
+        ids = list(np.asarray(eos_id).reshape(-1)) if isinstance(eos_id, np.ndarray) \
+            else list(eos_id)
+        if not ids or not all(_is_int(i) for i in ids):
+            raise TypeError(f"eos_id must be an int, a non-empty list of ints, or None; got "
+                            f"{eos_id!r}")
+    else:
+        raise TypeError(f"eos_id must be an int, a list of ints, or None; got {eos_id!r}")
+    for i in ids:
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"eos_id={int(i)} is outside the vocabulary [0, {vocab_size})")
+    slots = bucket(len(ids), MIN_EOS_SLOTS)
+    return np.array([int(i) for i in ids] + [-1] * (slots - len(ids)), np.int32)
+
+
+INT32 = np.iinfo(np.int32)
+
+
+def check_pad_id(pad_id) -> int:
+    """`pad_id` fills outputs after each row's end: any int32 (it is never fed to a model;
+    prompts are padded internally with id 0)."""
+    if not _is_int(pad_id):
+        raise TypeError(f"pad_id must be an int, got {pad_id!r}")
+    if not INT32.min <= pad_id <= INT32.max:
+        raise ValueError(f"pad_id={pad_id} does not fit in int32 (token outputs are int32)")
+    return int(pad_id)
 
 
 def plan_capacity(lengths: np.ndarray, max_new_tokens: int, max_seq_len: int | None, *,
@@ -136,6 +180,12 @@ def plan_capacity(lengths: np.ndarray, max_new_tokens: int, max_seq_len: int | N
     """
     longest = int(lengths.max())
     needed = longest + max_new_tokens
+    if max_seq_len is not None and longest >= max_seq_len:
+        row = int(np.argmax(lengths))
+        raise ValueError(
+            f"prompt {row} has {longest} tokens, which leaves no room for new tokens in the "
+            f"model's max_seq_len={max_seq_len}; shorten the prompt to at most "
+            f"{max_seq_len - max_new_tokens} tokens (for max_new_tokens={max_new_tokens})")
     if max_seq_len is not None and needed > max_seq_len:
         row = int(np.argmax(lengths))
         raise ValueError(
@@ -143,7 +193,7 @@ def plan_capacity(lengths: np.ndarray, max_new_tokens: int, max_seq_len: int | N
             f"{needed} positions exceed the model's max_seq_len={max_seq_len}; shorten the "
             f"prompt or lower max_new_tokens to at most {max_seq_len - longest}")
     if cache_size is not None:
-        if isinstance(cache_size, bool) or not isinstance(cache_size, (int, np.integer)):
+        if not _is_int(cache_size):
             raise TypeError(f"cache_size must be an int, got {cache_size!r}")
         if cache_size < needed + extra_slots:
             scratch = f" + {extra_slots} scratch slots (K + 1)" if extra_slots else ""
@@ -158,3 +208,40 @@ def plan_capacity(lengths: np.ndarray, max_new_tokens: int, max_seq_len: int | N
     if max_seq_len is not None:
         capacity = min(capacity, max(max_seq_len, 0) + extra_slots)
     return max(capacity, needed + extra_slots)
+
+
+def resolve_key(key, sampling: SamplingConfig) -> Array:
+    """The caller's PRNG key; greedy decoding may omit it (it draws nothing)."""
+    if key is None:
+        if not sampling.greedy:
+            raise ValueError("sampling with temperature > 0 needs a PRNG key: pass "
+                             "key=jax.random.key(seed) (greedy decoding needs none)")
+        return jax.random.key(0)
+    if not isinstance(key, jax.Array):
+        raise TypeError(f"key must be a JAX PRNG key (jax.random.key(seed)), got {type(key)}")
+    return key
+
+
+def prepare_batch(lm: CausalLM, prompts, prompt_lengths, max_new_tokens: int,
+                  sampling: SamplingConfig, eos_id, *, extra_slots: int = 0,
+                  cache_size: int | None = None) -> tuple[PromptBatch, int, np.ndarray]:
+    """Validate everything on the host; returns `(PromptBatch, capacity, eos_ids [E])`.
+
+    The prompts are right-padded with `PROMPT_PAD_ID` to a power-of-two width (at most
+    the capacity), so new prompt lengths inside a bucket reuse the compiled decoder.
+    """
+    if not isinstance(lm, CausalLM):
+        raise TypeError(f"expected a specjax.CausalLM, got {type(lm).__name__}; wrap an NNX "
+                        "model with specjax.CausalLM.from_nnx(model)")
+    if not isinstance(sampling, SamplingConfig):
+        raise TypeError(f"sampling must be a specjax.SamplingConfig, got {type(sampling)}")
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
+    sampling.check_vocab(lm.vocab_size)
+    eos = check_eos_id(eos_id, lm.vocab_size)
+    unpadded = pack_prompts(prompts, prompt_lengths, lm.vocab_size)
+    capacity = plan_capacity(unpadded.lengths, max_new_tokens, lm.max_seq_len,
+                             extra_slots=extra_slots, cache_size=cache_size)
+    width = min(bucket(unpadded.tokens.shape[1]), capacity)
+    padded = np.pad(unpadded.tokens, ((0, 0), (0, width - unpadded.tokens.shape[1])),
+                    constant_values=PROMPT_PAD_ID)
+    return PromptBatch(padded, unpadded.lengths), capacity, eos

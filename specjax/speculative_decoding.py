@@ -1,0 +1,150 @@
+"""Speculative decoding of whole batches: validate and prefill on the host side, then
+run `speculative_step` inside one jit and one `lax.while_loop`.
+
+This is the layer that turns a plain `CausalLM` draft into a `DraftModel`; the step
+itself (specjax.speculative) knows only the drafter contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from specjax.causal_lm import CausalLM, prefill
+from specjax.drafters.draft_model import DraftModel
+from specjax.inputs import check_pad_id, prepare_batch, resolve_key
+from specjax.sampling import SamplingConfig
+from specjax.speculative import SpeculativeConfig, SpeculativeState, speculative_step
+from specjax.stats import SpeculativeStats
+
+
+def as_drafter(draft):
+    """A CausalLM becomes `DraftModel(draft, method="sample")`; drafters pass through."""
+    if isinstance(draft, CausalLM):
+        return DraftModel(draft, method="sample")
+    for name in ("check", "init", "propose", "commit", "forwards_per_step"):
+        if not callable(getattr(draft, name, None)):
+            raise TypeError(f"draft must be a specjax.CausalLM or a drafter (see "
+                            f"specjax.drafters.Drafter); {type(draft).__name__} has no {name}()")
+    leaves = jax.tree.leaves(draft)
+    if any(not isinstance(leaf, (jax.Array, np.ndarray, np.generic)) for leaf in leaves):
+        raise TypeError(f"the drafter {type(draft).__name__} is not a JAX pytree of arrays, so "
+                        "it cannot enter the jitted step: register its class with "
+                        "jax.tree_util.register_dataclass (arrays as data fields, settings as "
+                        "static meta_fields) or register_pytree_node_class")
+    return draft
+
+
+
+@functools.partial(jax.jit, static_argnames=("capacity", "num_draft_tokens"))
+def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengths_B: Array,
+                key: Array, max_new_tokens: Array, eos_ids: Array, *, capacity: int,
+                num_draft_tokens: int) -> SpeculativeState:
+    batch, width = prompt_tokens_BP.shape
+    cache = target.init_cache(batch, capacity)
+    cache, _, _ = prefill(target, cache, prompt_tokens_BP, prompt_lengths_B)
+    sequence = jnp.zeros((batch, capacity), jnp.int32).at[:, :width].set(prompt_tokens_BP)
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return SpeculativeState(
+        sequence=sequence, lengths=prompt_lengths_B, prompt_lengths=prompt_lengths_B,
+        target_cache=cache,
+        drafter_state=drafter.init(prompt_tokens_BP, prompt_lengths_B, capacity),
+        done=jnp.zeros((batch,), bool), key=key, max_new_tokens=max_new_tokens,
+        eos_ids=eos_ids, target_forwards=zeros, draft_forwards=zeros, proposed=zeros,
+        checked=zeros, accepted=zeros,
+        accepted_per_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
+        step_accepted=zeros, step_emitted=zeros, num_steps=jnp.zeros((), jnp.int32))
+
+
+def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: int,
+                           num_draft_tokens: int, sampling: SamplingConfig = SamplingConfig(),
+                           key: Array | None = None,
+                           eos_id: int | Sequence[int] | None = None,
+                           prompt_lengths=None,
+                           cache_size: int | None = None) -> tuple[SpeculativeState, Any]:
+    """Validate the inputs on the host, then prefill target and drafter.
+
+    `cache_size` pins the slots of the caches and the token buffer (by default a power of
+    two >= longest prompt + max_new_tokens + K + 1); too small a value is refused.
+    Returns `(state, drafter)`; pass both to `speculative_step` with
+    `SpeculativeConfig(num_draft_tokens=..., sampling=...)`.
+    """
+    config = SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling)
+    drafter = as_drafter(draft)
+    batch, capacity, eos_ids = prepare_batch(target, prompts, prompt_lengths, max_new_tokens,
+                                             sampling, eos_id,
+                                             extra_slots=config.num_draft_tokens + 1,
+                                             cache_size=cache_size)
+    drafter.check(target, sampling)
+    state = _init_state(target, drafter, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
+                        resolve_key(key, sampling), jnp.int32(max_new_tokens), jnp.asarray(eos_ids),
+                        capacity=capacity, num_draft_tokens=config.num_draft_tokens)
+    return state, drafter
+
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("state",))
+def _speculative_loop(target: CausalLM, drafter, state: SpeculativeState,
+                      config: SpeculativeConfig) -> SpeculativeState:
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
+                              lambda s: speculative_step(target, drafter, s, config), state)
+
+
+@jax.jit
+def _generated_tokens(state: SpeculativeState, pad_id: Array) -> Array:
+    """int32 [B, S]: each row's generated tokens from slot 0, pad after its end."""
+    index_BS = state.prompt_lengths[:, None] + jnp.arange(state.sequence.shape[1],
+                                                          dtype=jnp.int32)[None]
+    last_slot = state.sequence.shape[1] - 1
+    tokens_BS = jnp.take_along_axis(state.sequence, jnp.minimum(index_BS, last_slot), axis=1)
+    return jnp.where(index_BS < state.lengths[:, None], tokens_BS, pad_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeOutput:
+    """`tokens` int32 [B, max_new_tokens] and `lengths` int32 [B] exactly as `generate`
+    returns them, plus `stats` (SpeculativeStats)."""
+
+    tokens: Array
+    lengths: Array
+    stats: SpeculativeStats
+
+
+def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: int,
+                         num_draft_tokens: int, sampling: SamplingConfig = SamplingConfig(),
+                         key: Array | None = None,
+                         eos_id: int | Sequence[int] | None = None,
+                         prompt_lengths=None, pad_id: int = 0,
+                         cache_size: int | None = None) -> SpeculativeOutput:
+    """Speculative decoding of a batch of prompts in one jit and one `lax.while_loop`.
+
+    Args:
+      target: the model whose distribution the output follows exactly.
+      draft: a CausalLM sharing the target's tokenizer (wrapped as
+        `DraftModel(draft, method="sample")`) or any drafter.
+      prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id: as in
+        `specjax.generate`; `max_new_tokens` is traced.
+      num_draft_tokens: K, the drafts verified per target forward.
+      cache_size: optional fixed cache length (see `init_speculative_state`).
+
+    Returns:
+      `SpeculativeOutput(tokens [B, max_new_tokens], lengths [B], stats)`. A block that
+      overshoots `max_new_tokens` is cut; an EOS inside an accepted block ends the row there.
+    """
+    config = SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling)
+    pad_id = check_pad_id(pad_id)
+    state, drafter = init_speculative_state(
+        target, draft, prompts, max_new_tokens=max_new_tokens,
+        num_draft_tokens=config.num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
+        prompt_lengths=prompt_lengths, cache_size=cache_size)
+    state = _speculative_loop(target, drafter, state, config)
+    tokens = _generated_tokens(state, jnp.int32(pad_id))[:, :max_new_tokens]
+    return SpeculativeOutput(tokens=tokens, lengths=state.num_generated,
+                             stats=SpeculativeStats.from_state(state))
