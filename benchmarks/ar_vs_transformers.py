@@ -15,8 +15,8 @@ import argparse
 import numpy as np
 from flax import nnx
 
-import specjax_models
 import specjax
+import specjax_models
 from benchmarks.common import block, machine_record, median, timed, write_results
 from benchmarks.hf_reference import to_transformers
 

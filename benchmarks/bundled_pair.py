@@ -17,8 +17,8 @@ import functools
 import jax
 import numpy as np
 
-import specjax_models
 import specjax
+import specjax_models
 from benchmarks.common import block, machine_record, median, timed, write_results
 
 MODES = {"greedy": specjax.GREEDY, "t=1": specjax.SamplingConfig(temperature=1.0)}
@@ -38,8 +38,8 @@ def main():
     parser.add_argument("--name", default=None)
     args = parser.parse_args()
 
-    target = specjax_models.load_checkpoint(args.target) if args.target else specjax_models.load_bundled(
-        "target")
+    target = (specjax_models.load_checkpoint(args.target) if args.target
+              else specjax_models.load_bundled("target"))
     drafts = {}
     for spec in args.draft or ["bundled=" + str(specjax_models.bundled.bundled_path("draft"))]:
         name, _, path = spec.partition("=")

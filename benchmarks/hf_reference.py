@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import tempfile
 
-import specjax_models
 import specjax
+import specjax_models
 
 
 def to_transformers(model: specjax_models.Transformer | specjax.CausalLM):

@@ -103,7 +103,8 @@ def main():
     payload = {"benchmark": "load_memory", "config": CONFIG, "runs": runs,
                "weights_bytes": weights, "disk_bytes": disk,
                "peak_extra_over_weights": extra, "machine": machine}
-    lines = ["# Loading a ~1B-parameter bfloat16 checkpoint with specjax_models.from_pretrained", "",
+    lines = ["# Loading a ~1B-parameter bfloat16 checkpoint with "
+             "specjax_models.from_pretrained", "",
              f"Random Llama weights, {weights / 1e9:.2f} GB in memory ({disk / 1e9:.2f} GB of "
              f"sharded safetensors on disk, 17 shards), dtypes kept: {best['dtypes']}. "
              f"{args.reps} fresh processes.", "",

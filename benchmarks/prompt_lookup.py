@@ -18,8 +18,8 @@ import functools
 
 import numpy as np
 
-import specjax_models
 import specjax
+import specjax_models
 from benchmarks.common import block, machine_record, median, timed, write_results
 from benchmarks.hf_reference import to_transformers
 
@@ -56,7 +56,8 @@ def main():
             with torch.no_grad():
                 out = hf.generate(hf_inputs[i], attention_mask=torch.ones_like(hf_inputs[i]),
                                   max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                  pad_token_id=specjax_models.ByteTokenizer.pad_id, eos_token_id=None,
+                                  pad_token_id=specjax_models.ByteTokenizer.pad_id,
+                                  eos_token_id=None,
                                   **extra)
             return out[0, len(prompts[i]):].tolist()
 

@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import specjax_models
 import specjax
+import specjax_models
 from benchmarks.common import RESULTS, block, machine_record, median, timed, write_results
 from benchmarks.speculative_vs_ar import forward_seconds, step_cost_table
 from specjax.inputs import plan_capacity
@@ -368,8 +368,9 @@ def main():
                   f"{row['verify_cost_ratio_v']:.2f}", flush=True)
 
     weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(target.params))
-    cache_bytes = 2 * specjax_models.TARGET_CONFIG.num_layers * 512 * specjax_models.TARGET_CONFIG.num_kv_heads \
-        * specjax_models.TARGET_CONFIG.resolved_head_dim * 4
+    target_config = specjax_models.TARGET_CONFIG
+    cache_bytes = 2 * target_config.num_layers * 512 * target_config.num_kv_heads \
+        * target_config.resolved_head_dim * 4
     line = roofline(target, weights + cache_bytes, grid.reps)
     peer_rows = [] if args.no_peers else peers(target, draft, workloads["held-out code"], grid)
     elapsed = time.perf_counter() - started

@@ -26,24 +26,26 @@ import functools
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import specjax_models
 import specjax
+import specjax_models
 from benchmarks.common import block, machine_record, median, timed, write_results
 from specjax import analysis
+from specjax.timing import forward_timer, step_costs
 
 
 def truncated_pair(seed: int = 0, draft_layers: int = 1):
-    config = specjax_models.TransformerConfig(vocab_size=4096, num_layers=8, d_model=512, num_heads=8,
-                                      num_kv_heads=4, d_ff=1408, max_seq_len=1024)
+    config = specjax_models.TransformerConfig(vocab_size=4096, num_layers=8, d_model=512,
+                                              num_heads=8, num_kv_heads=4, d_ff=1408,
+                                              max_seq_len=1024)
     model = specjax_models.Transformer(config, rngs=nnx.Rngs(seed))
     draft = specjax_models.first_layers(model, draft_layers)
-    description = (f"random-weight target ({specjax_models.count_params(model) / 1e6:.1f}M params, "
+    count = specjax_models.count_params
+    description = (f"random-weight target ({count(model) / 1e6:.1f}M params, "
                    f"{config.num_layers} layers, vocab {config.vocab_size}); draft = its first "
-                   f"{draft_layers} layer(s) ({specjax_models.count_params(draft) / 1e6:.1f}M params)")
+                   f"{draft_layers} layer(s) ({count(draft) / 1e6:.1f}M params)")
 
     def prompts(batch, rng):
         return rng.integers(0, config.vocab_size, (batch, 32)).astype(np.int32)
@@ -55,55 +57,15 @@ def truncated_pair(seed: int = 0, draft_layers: int = 1):
 PAIRS = {"truncated": truncated_pair}
 
 
-def forward_timer(lm, batch: int, num_tokens: int, *, cache_slots: int = 256,
-                  position: int = 64, steps: int = 16):
-    """A compiled, warmed-up function returning the seconds of one cached forward of
-    `num_tokens` new tokens at `position`, timed as a decode loop runs it: `steps` forwards
-    inside one jit (no per-call dispatch), each writing its keys/values into the carried
-    cache and feeding its argmax to the next."""
-    def body(step, carry):
-        cache, token_B = carry
-        tokens_BT = jnp.broadcast_to(token_B[:, None], (batch, num_tokens))
-        start = position + step % 2  # alternate so no two forwards are identical
-        positions_BT = start + jnp.broadcast_to(jnp.arange(num_tokens), (batch, num_tokens))
-        logits_BTV, _, cache = lm.apply(tokens_BT, positions_BT, cache,
-                                        jnp.full((batch,), start, jnp.int32))
-        return cache, jnp.argmax(logits_BTV[:, -1], axis=-1).astype(jnp.int32)
-
-    loop = jax.jit(lambda lm, cache, token_B: jax.lax.fori_loop(0, steps, body,
-                                                                 (cache, token_B))[1])
-    cache = lm.init_cache(batch, cache_slots)
-    first = jnp.zeros((batch,), jnp.int32)
-    block(loop(lm, cache, first))
-    return lambda: timed(lambda: block(loop(lm, cache, first))) / steps
-
-
 def forward_seconds(lm, batch: int, num_tokens: int, reps: int, **where) -> float:
     """Median over `reps` (at least 5) of `forward_timer`'s per-forward seconds."""
     timer = forward_timer(lm, batch, num_tokens, **where)
     return median([timer() for _ in range(max(reps, 5))])
 
 
-def interleaved_seconds(timers: dict, reps: int) -> dict:
-    """Median seconds of each timer, run in alternation so machine noise hits them alike
-    (their ratios, c and v, are what matter)."""
-    times = {name: [] for name in timers}
-    for _ in range(max(reps, 5) * 2):
-        for name, timer in timers.items():
-            times[name].append(timer())
-    return {name: median(values) for name, values in times.items()}
-
-
 def step_cost_table(target, draft, batch, ks, reps, **where) -> dict:
-    """Seconds of a 1-token target and draft forward and of each (K+1)-token verify,
-    measured inside a jitted loop at the cache size and position (`where`) of the runs,
-    in alternation."""
-    timers = {"target": forward_timer(target, batch, 1, **where)}
-    if draft is not None:
-        timers["draft"] = forward_timer(draft, batch, 1, **where)
-    for k in ks:
-        timers[k + 1] = forward_timer(target, batch, k + 1, **where)
-    return interleaved_seconds(timers, reps)
+    """`specjax.timing.step_costs` with twice the rounds (these figures carry the report)."""
+    return step_costs(target, draft, batch, ks, 2 * max(reps, 5), **where)
 
 
 def main():

@@ -1,7 +1,10 @@
 """Writes the four notebooks of colab/ from the cells below (the notebooks are generated so
 their code can be reviewed, linted and diffed as Python). Run from the repository root:
 
-    python colab/build_notebooks.py
+    python colab/build_notebooks.py [--execute]
+
+`--execute` also runs each notebook (full size, about N minutes on 2 CPU cores) and saves
+it with its outputs, as they are committed.
 
 The notebooks read SPECJAX_NOTEBOOK_SMALL=1 to run in a small-size mode (CI executes
 them that way with nbclient: tests/test_notebooks.py).
@@ -17,21 +20,33 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 HERE = Path(__file__).resolve().parent
 
 INSTALL = '''\
-# Install specjax (once per runtime). Inside a checkout it installs that checkout; in
-# Colab, clone or upload the repository first (e.g. to /content/specjax) or point
-# SPECJAX_SOURCE at it. Nothing else is downloaded here.
-import importlib.util, os, pathlib, subprocess, sys
+# Install specjax once per runtime. SPECJAX_SOURCE says where from, in one place: a pip
+# requirement such as "git+https://github.com/YOUR_NAME/specjax" (your fork or the
+# upstream repository) or "specjax @ https://.../specjax-0.1.0.tar.gz", or the path of a
+# checkout (cloned or uploaded, e.g. /content/specjax). Set it in the cell below or as
+# an environment variable. Inside a checkout it is found without setting anything.
+import importlib, importlib.util, os, pathlib, subprocess, sys
+SPECJAX_SOURCE = os.environ.get("SPECJAX_SOURCE", "")
 if importlib.util.find_spec("specjax") is None:
-    candidates = [os.environ.get("SPECJAX_SOURCE"), pathlib.Path.cwd().parent,
-                  pathlib.Path.cwd(), "/content/specjax"]
-    source = next((pathlib.Path(c) for c in candidates
-                   if c and (pathlib.Path(c) / "pyproject.toml").exists()), None)
-    if source is None:
-        raise RuntimeError("specjax is not installed and no checkout was found: clone or "
-                           "upload the repository and set SPECJAX_SOURCE to its path")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{source}[colab]"],
-                   check=True)
-    sys.path.insert(0, str(source))  # this kernel started before the install
+    checkouts = [pathlib.Path(c) for c in (SPECJAX_SOURCE, pathlib.Path.cwd().parent,
+                                           pathlib.Path.cwd(), "/content/specjax") if c]
+    checkout = next((c for c in checkouts if (c / "pyproject.toml").exists()), None)
+    if checkout is not None:
+        requirement = ["-e", f"{checkout}[colab]"]
+    elif SPECJAX_SOURCE:
+        requirement = [f"specjax[colab] @ {SPECJAX_SOURCE}" if "://" in SPECJAX_SOURCE
+                       and not SPECJAX_SOURCE.startswith("specjax") else SPECJAX_SOURCE]
+    else:
+        raise RuntimeError("specjax is not installed: set SPECJAX_SOURCE to a pip "
+                           "requirement (git+https://github.com/YOUR_NAME/specjax) or to "
+                           "the path of a checkout, then run this cell again")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *requirement], check=True)
+    # This kernel started before the install: read the new .pth files (an editable
+    # install maps specjax_models to the checkout's models/ folder through one).
+    import site
+    for directory in site.getsitepackages() + [site.getusersitepackages()]:
+        site.addsitedir(directory)
+    importlib.invalidate_caches()
 '''
 
 SETUP = '''\
@@ -72,7 +87,8 @@ def quickstart():
         new_code_cell(INSTALL),
         new_code_cell(SETUP),
         new_code_cell(
-            "target, draft = specjax_models.load_bundled('target'), specjax_models.load_bundled('draft')\n"
+            "target = specjax_models.load_bundled('target')\n"
+            "draft = specjax_models.load_bundled('draft')\n"
             "tok = specjax_models.ByteTokenizer()\n"
             "prompt_text = specjax_models.bundled_prompts()[0]['text']\n"
             "prompt = tok.encode(prompt_text)\n"
@@ -180,7 +196,8 @@ def exactness():
             "def tiny(seed, scale=1.0):\n"
             "    cfg = specjax_models.TransformerConfig(vocab_size=8, num_layers=1, d_model=16,\n"
             "        num_heads=2, num_kv_heads=1, d_ff=32, max_seq_len=64)\n"
-            "    lm = specjax.CausalLM.from_nnx(specjax_models.Transformer(cfg, rngs=nnx.Rngs(seed)))\n"
+            "    model = specjax_models.Transformer(cfg, rngs=nnx.Rngs(seed))\n"
+            "    lm = specjax.CausalLM.from_nnx(model)\n"
             "    return lm.with_params(jax.tree.map(lambda x: scale * x, lm.params))\n"
             "tiny_target = tiny(3)\n"
             "good = tiny_target.with_params(jax.tree.map(\n"
@@ -225,7 +242,8 @@ def exactness():
             "per target forward, next to the analytical (1 - b^(K+1)) / (1 - b) at the "
             "measured per-position acceptance b."),
         new_code_cell(
-            "target, draft = specjax_models.load_bundled('target'), specjax_models.load_bundled('draft')\n"
+            "target = specjax_models.load_bundled('target')\n"
+            "draft = specjax_models.load_bundled('draft')\n"
             "tok = specjax_models.ByteTokenizer()\n"
             "prompts = [tok.encode(p['text']) for p in specjax_models.bundled_prompts()\n"
             "           if p['kind'] == 'continue'][: 4 if SMALL else 16]\n"
@@ -285,7 +303,8 @@ def real_models():
             "    eos, decode, n_new = tok.eos_id, tok.decode, 128\n"
             "else:\n"
             "    print('No GPU/TPU with network access: using the bundled byte-level pair.')\n"
-            "    target, draft = specjax_models.load_bundled('target'), specjax_models.load_bundled('draft')\n"
+            "    target = specjax_models.load_bundled('target')\n"
+            "    draft = specjax_models.load_bundled('draft')\n"
             "    tok = specjax_models.ByteTokenizer()\n"
             "    prompts = [tok.encode(p['text']) for p in specjax_models.bundled_prompts()\n"
             "               if p['kind'] == 'continue'][:2]\n"
@@ -347,7 +366,8 @@ def train_a_draft():
             "batches = lambda step: corpus_lib.sample_windows(corpus.train, batch, seq + 1,\n"
             "                                                 SEED, step)\n"
             "heldout = [corpus_lib.sample_windows(corpus.train, batch, seq + 1, SEED + 99, 0)]\n"
-            "draft_config = specjax_models.TransformerConfig(vocab_size=tok.vocab_size, num_layers=1,\n"
+            "draft_config = specjax_models.TransformerConfig(\n"
+            "    vocab_size=tok.vocab_size, num_layers=1,\n"
             "    d_model=96, num_heads=3, num_kv_heads=1, d_ff=256, max_seq_len=2048)\n"
             "fresh = specjax.CausalLM.from_nnx(specjax_models.Transformer(draft_config,\n"
             "                                                     rngs=nnx.Rngs(SEED)))\n"
@@ -386,13 +406,29 @@ NOTEBOOKS = {"01_quickstart.ipynb": quickstart, "02_exactness.ipynb": exactness,
              "03_real_models.ipynb": real_models, "04_train_a_draft.ipynb": train_a_draft}
 
 
+def execute(name: str, timeout: int = 1200) -> None:
+    """Run a written notebook top to bottom and save it with its outputs (the committed
+    notebooks carry them, so their plots show in a GitHub preview)."""
+    import nbclient
+
+    notebook = nbformat.read(HERE / name, as_version=4)
+    nbclient.NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(HERE)}}).execute()
+    nbformat.write(notebook, HERE / name)
+    print(f"executed {HERE / name}")
+
+
 def main():
+    import sys
+
     for name, cells in NOTEBOOKS.items():
         notebook = new_notebook(cells=cells(), metadata={
             "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
             "language_info": {"name": "python"},
             "accelerator": "GPU", "colab": {"provenance": []}})
         nbformat.write(notebook, HERE / name)
+        if "--execute" in sys.argv:
+            execute(name)
         print("wrote", HERE / name)
 
 

@@ -1,29 +1,45 @@
 """The `specjax` command line: demo, generate, train, distill.
 
+This is the users' layer (DESIGN.md section 2): the one module of the specjax package
+that imports the model package `specjax_models`, and nothing else in specjax imports it
+(tests/test_layers.py checks both). Its imports of jax, specjax and specjax_models sit
+inside the handlers on purpose: `--help` and input errors answer at once, before jax and
+the models load.
+
 `specjax demo` is the main job: the bundled byte-level pair (trained on the Python
 standard library) continues held-out code with speculative decoding, streaming the text
 as it is accepted (accepted draft tokens and target tokens in different colours), then
-prints acceptance, mean accepted length, tokens/s and the speedup over plain decoding of
-the same target, measured in the same run.
+measures the speedup over plain decoding of the same target in the same run and says in
+numbers why it is what it is.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 DRAFT_COLOUR, TARGET_COLOUR, DIM, RESET = "\033[32m", "\033[33m", "\033[2m", "\033[0m"
+PROMPT_END_MARKER = " >>> "  # where the prompt ends, when there are no colours to show it
 
 
 class CliError(Exception):
     """A user-facing problem: printed as one line, exit status 2."""
 
 
-def _painter(mode: str):
-    colour = sys.stdout.isatty() if mode == "auto" else mode == "always"
+def _use_colour(mode: str) -> bool:
+    return sys.stdout.isatty() if mode == "auto" else mode == "always"
+
+
+def _painter(colour: bool):
     return (lambda text, code: f"{code}{text}{RESET}") if colour else (lambda text, code: text)
+
+
+def _say(text: str = "") -> None:
+    """A progress or summary line on stderr (stdout carries only the generated text)."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def _num_params(lm) -> int:
@@ -32,188 +48,346 @@ def _num_params(lm) -> int:
     return sum(x.size for x in jax.tree.leaves(lm.params))
 
 
-def _wall(call):
-    import jax
-
-    start = time.perf_counter()
-    out = call()
-    jax.block_until_ready(out.tokens)
-    return out, time.perf_counter() - start
+def _check_dir(path: str | None, option: str) -> None:
+    if path is not None and not os.path.isdir(path):
+        raise CliError(f"{option} {path} does not exist (expected a checkpoint directory "
+                       "written by `specjax train` or `specjax distill`)")
 
 
-def _load_pair(target_dir: str | None, draft_dir: str | None):
+def _load(path: str | None, name: str):
     import specjax_models
 
     try:
-        target = specjax_models.load_checkpoint(target_dir) if target_dir else specjax_models.load_bundled(
-            "target")
-        draft = specjax_models.load_checkpoint(draft_dir) if draft_dir else specjax_models.load_bundled("draft")
+        return (specjax_models.load_checkpoint(path) if path
+                else specjax_models.load_bundled(name))
     except FileNotFoundError as error:
         raise CliError(str(error)) from None
-    if draft.vocab_size != target.vocab_size:
-        raise CliError(f"mismatched pair: draft vocab {draft.vocab_size} vs target vocab "
-                       f"{target.vocab_size}; the draft must share the target's tokenizer")
-    return target, draft
 
 
-def _sampling(args):
-    import specjax
-
-    return specjax.SamplingConfig(temperature=args.temperature, top_k=args.top_k,
-                                  top_p=args.top_p)
-
-
-def _stream_text(target, draft, prompt_ids, args, sampling, key, paint, eos_id):
-    """Print one row's continuation as it is accepted; returns the last chunk's stats."""
+def _trained_length(path: str | None, name: str) -> int | None:
+    """The window length a checkpoint was trained on (from its metadata), if recorded."""
     import specjax_models
 
+    directory = path or specjax_models.bundled.bundled_path(name)
+    try:
+        metadata = json.loads(open(os.path.join(directory, "metadata.json")).read())
+    except (OSError, ValueError):
+        return None
+    return (metadata.get("args") or {}).get("seq_len")
+
+
+def _stream_text(target, drafter, prompt_ids, args, sampling, key, paint, eos_id,
+                 cache_size=None, on_token=None):
+    """Print one row's continuation as it is accepted. Returns the final stats, the
+    seconds and tokens of the first step (compile + prefill + one step), and the seconds
+    of all the later steps."""
     import specjax
+    import specjax_models
 
     decode = specjax_models.ByteTokenizer().stream_decoder()
-    stats = None
-    for chunk in specjax.speculative_stream(target, draft, [prompt_ids],
+    stats, first_seconds, first_tokens, start = None, None, 0, time.perf_counter()
+    for chunk in specjax.speculative_stream(target, drafter, [prompt_ids],
                                             max_new_tokens=args.max_new_tokens,
                                             num_draft_tokens=args.num_draft_tokens,
-                                            sampling=sampling, key=key, eos_id=eos_id):
+                                            sampling=sampling, key=key, eos_id=eos_id,
+                                            cache_size=cache_size):
+        if first_seconds is None:
+            first_seconds = time.perf_counter() - start
+            first_tokens = len(chunk.tokens[0])
         for token, drafted in zip(chunk.tokens[0], chunk.from_draft[0], strict=True):
+            if on_token is not None:
+                on_token(token)
             text = decode([token])
             if text:
                 print(paint(text, DRAFT_COLOUR if drafted else TARGET_COLOUR), end="",
                       flush=True)
         stats = chunk.stats or stats
+    print(flush=True)
+    return stats, first_seconds, first_tokens, time.perf_counter() - start - first_seconds
+
+
+# ---------------------------------------------------------------------------- demo
+
+def _timed_pair(spec, plain, reps: int):
+    """Median seconds of two decoder calls, alternated (these machines are noisy)."""
+    import numpy as np
+
+    from specjax.timing import wall_seconds
+
+    spec_out, plain_out = spec(), plain()  # compile (shapes are bucketed: once)
+    spec_times, plain_times = [], []
+    for _ in range(reps):
+        spec_out, seconds = wall_seconds(spec)
+        spec_times.append(seconds)
+        plain_out, seconds = wall_seconds(plain)
+        plain_times.append(seconds)
+    return spec_out, plain_out, float(np.median(spec_times)), float(np.median(plain_times))
+
+
+def _demo_speed(target, draft, prompt_ids, args, sampling, key) -> None:
+    """Speedup of speculative over plain decoding, measured here, and why it is what it is:
+    the decode phase (time after the first token) and end to end, then tau, c and v."""
+    import numpy as np
+
+    import specjax
+    from specjax.inputs import plan_capacity
+    from specjax.timing import step_costs
+
+    k = args.num_draft_tokens
+    lengths = np.array([len(ids) for ids in prompt_ids])
+    capacity = plan_capacity(lengths, args.max_new_tokens, target.max_seq_len,
+                             extra_slots=k + 1)
+    spec_run = lambda ids, n: lambda: specjax.speculative_generate(
+        target, draft, [ids], max_new_tokens=n, num_draft_tokens=k, sampling=sampling,
+        key=key, cache_size=capacity)
+    plain_run = lambda ids, n: lambda: specjax.generate(
+        target, [ids], max_new_tokens=n, sampling=sampling, key=key, cache_size=capacity)
+    totals = {"spec": 0.0, "plain": 0.0, "spec_first": 0.0, "plain_first": 0.0}
+    tokens = first_tokens = accepted = proposed = emitted = forwards = 0
+    for ids in prompt_ids:
+        out, _, spec_s, plain_s = _timed_pair(spec_run(ids, args.max_new_tokens),
+                                              plain_run(ids, args.max_new_tokens), args.reps)
+        first, _, spec_first_s, plain_first_s = _timed_pair(spec_run(ids, 1), plain_run(ids, 1),
+                                                            args.reps)
+        totals["spec"] += spec_s
+        totals["plain"] += plain_s
+        totals["spec_first"] += spec_first_s
+        totals["plain_first"] += plain_first_s
+        tokens += int(out.lengths[0])
+        # The first speculative step commits accepted + 1 tokens (the 1-token run cuts it).
+        first_tokens += min(int(first.stats.accepted[0]) + 1, int(out.lengths[0]))
+        accepted += int(out.stats.accepted.sum())
+        proposed += int(out.stats.proposed.sum())
+        emitted += int(out.stats.emitted.sum())
+        forwards += int(out.stats.target_forwards.sum())
+    end_to_end = totals["plain"] / totals["spec"]
+    plain_decode = (totals["plain"] - totals["plain_first"]) / max(tokens - 1, 1)
+    spec_decode = (totals["spec"] - totals["spec_first"]) / max(tokens - first_tokens, 1)
+    decode = plain_decode / spec_decode
+    tau = emitted / max(forwards, 1)
+    costs = step_costs(target, draft, 1, [k], reps=args.reps, cache_slots=capacity,
+                       position=int(lengths.mean()) + args.max_new_tokens // 2)
+    c = costs["draft"] / costs["target"]
+    v = costs[k + 1] / costs["target"]
+    ideal = tau / (k * c + v)
+    print(f"[speed] acceptance rate {accepted / max(proposed, 1):.2f}; tau (mean tokens per "
+          f"target forward) {tau:.2f}; K = {k}; batch 1; median of {args.reps} alternating "
+          "runs, compile excluded.")
+    print(f"[speed] decode phase: {decode:.2f}x. After the first token, speculative decoding "
+          f"made tokens {decode:.2f} times as fast as plain decoding of the same target.")
+    print(f"[speed] end to end: {end_to_end:.2f}x. Including the prompt's prefill and the "
+          f"first token, which both decoders pay, the whole request took "
+          f"{totals['spec']:.2f} s instead of {totals['plain']:.2f} s.")
+    print(f"[speed] why: each step runs K = {k} draft forwards costing c = {c:.3f} target "
+          f"steps each and one {k + 1}-token verify costing v = {v:.2f} target steps, and "
+          f"yields tau = {tau:.2f} tokens, so the ideal is tau / (K c + v) = {ideal:.2f}x "
+          f"(measured {decode / ideal:.0%} of it).")
+    if decode < 1.0 or ideal < 1.2:
+        verdict = "does not pay" if decode < 1 else "pays little"
+        reasons = []
+        if v > 1.5:
+            reasons.append(f"a {k + 1}-token verify costs v = {v:.2f} one-token steps (a CPU "
+                           "runs several rows through its matrix units in series, while one "
+                           "row mostly waits on memory)")
+        if tau < 2.0:
+            reasons.append(f"the draft is accepted rarely (tau = {tau:.2f} of at most {k + 1})")
+        if k * c > 0.5:
+            reasons.append(f"drafting costs K c = {k * c:.2f} target steps per step")
+        if decode < 0.8 * ideal:
+            reasons.append(f"the loop reaches only {decode / ideal:.0%} of the ideal (this "
+                           "machine is noisy or loaded; rerun with more --reps)")
+        print(f"[speed] here speculation {verdict}: " + "; ".join(reasons or ["see above"])
+              + ". It pays where a verify costs about one step (v near 1: GPUs and TPUs, and "
+              "models too large for the CPU cache; an NVIDIA H200 measured v = 1.0-1.3 for "
+              "this pair) and acceptance is high (tau near K + 1).")
     print()
-    return stats
 
 
 def _demo(args) -> int:
     import jax
-    import numpy as np
-    import specjax_models
 
     import specjax
+    import specjax_models
 
-    paint = _painter(args.color)
-    target, draft = _load_pair(None, None)
+    colour = _use_colour(args.color)
+    paint = _painter(colour)
+    marker = "" if colour else PROMPT_END_MARKER
+    _say("loading the bundled pair...")
+    target, draft = _load(None, "target"), _load(None, "draft")
     tokenizer = specjax_models.ByteTokenizer()
-    prompts = [p for p in specjax_models.bundled_prompts() if p["kind"] == "continue"][: args.prompts]
+    prompts = [p for p in specjax_models.bundled_prompts()
+               if p["kind"] == "continue"][: args.prompts]
     sampling = specjax.SamplingConfig(temperature=args.temperature)
     key = jax.random.key(args.seed)
     print(f"specjax demo: bundled target ({_num_params(target) / 1e6:.1f}M params) "
           f"and draft ({_num_params(draft) / 1e6:.2f}M), byte-level, trained on "
           f"the Python standard library; K = {args.num_draft_tokens}, "
           f"{'greedy' if sampling.greedy else f'temperature {args.temperature}'}.")
-    print(f"Colours: {paint('accepted draft tokens', DRAFT_COLOUR)}, "
-          f"{paint('tokens from the target', TARGET_COLOUR)}.\n")
+    if colour:
+        print(f"Colours: prompt {paint('dimmed', DIM)}, "
+              f"{paint('accepted draft tokens', DRAFT_COLOUR)}, "
+              f"{paint('tokens from the target', TARGET_COLOUR)}.")
+    else:
+        print(f"The prompt's last lines come first; '{PROMPT_END_MARKER.strip()}' marks where "
+              "the generated text starts.")
+    print()
     prompt_ids = [tokenizer.encode(p["text"]) for p in prompts]
     for prompt, ids in zip(prompts, prompt_ids, strict=True):
-        tail = prompt["text"][-160:]
-        print(paint(f"--- {prompt['file']} (held out) ---", DIM))
-        print(paint(tail, DIM), end="", flush=True)
-        _stream_text(target, draft, ids, args, sampling, key, paint, None)
-        print()
+        print(paint(f"--- [draft model] {prompt['file']} (held out) ---", DIM))
+        print(paint(prompt["text"][-160:], DIM) + marker, end="", flush=True)
+        stats, *_ = _stream_text(target, draft, ids, args, sampling, key, paint, None)
+        print(f"[draft model] acceptance rate {stats.acceptance_rate:.2f}, tau "
+              f"{stats.mean_accepted_length:.2f} tokens per target forward\n")
 
     copy = next(p for p in specjax_models.bundled_prompts() if p["kind"] == "copy")
-    lookup = specjax.PromptLookup()
-    print(paint(f"--- {copy['file']} (held out), asked to continue a copy of itself; "
-                "drafts by prompt lookup (no draft model) ---", DIM))
-    print(paint(copy["text"][-160:], DIM), end="", flush=True)
-    copy_stats = _stream_text(target, lookup, tokenizer.encode(copy["text"]), args, sampling,
-                              key, paint, None)
-    print(f"prompt lookup: acceptance rate {copy_stats.acceptance_rate:.2f}, mean accepted "
-          f"length {copy_stats.mean_accepted_length:.2f} tokens per target forward\n")
-
-    # Speed, measured in this run: each prompt at batch 1, compile excluded.
-    spec_s = plain_s = 0.0
-    spec_tokens = plain_tokens = 0
-    accepted = proposed = emitted = forwards = 0
-    for ids in prompt_ids:
-        spec = lambda ids=ids: specjax.speculative_generate(
-            target, draft, [ids], max_new_tokens=args.max_new_tokens,
-            num_draft_tokens=args.num_draft_tokens, sampling=sampling, key=key)
-        plain = lambda ids=ids: specjax.generate(target, [ids], max_new_tokens=args.max_new_tokens,
-                                                 sampling=sampling, key=key)
-        _wall(spec), _wall(plain)  # compile (once: shapes are bucketed)
-        spec_times, plain_times = [], []
-        for _ in range(args.reps):  # alternate, keep the medians: these machines are noisy
-            out, seconds = _wall(spec)
-            spec_times.append(seconds)
-            plain_out, seconds = _wall(plain)
-            plain_times.append(seconds)
-        spec_s += float(np.median(spec_times))
-        plain_s += float(np.median(plain_times))
-        spec_tokens += int(np.asarray(out.lengths).sum())
-        plain_tokens += int(np.asarray(plain_out.lengths).sum())
-        stats = out.stats
-        accepted += int(stats.accepted.sum())
-        proposed += int(stats.proposed.sum())
-        emitted += int(stats.emitted.sum())
-        forwards += int(stats.target_forwards.sum())
-    spec_rate, plain_rate = spec_tokens / spec_s, plain_tokens / plain_s
-    print(f"acceptance rate {accepted / max(proposed, 1):.2f}, mean accepted length "
-          f"{emitted / max(forwards, 1):.2f} tokens per target forward")
-    print(f"speculative {spec_rate:.0f} tokens/s, plain {plain_rate:.0f} tokens/s: "
-          f"speedup {spec_rate / plain_rate:.2f}x (batch 1, median of {args.reps} alternating "
-          "runs, compile excluded, same run)")
+    print(paint(f"--- [prompt lookup] {copy['file']} (held out), asked to continue a copy of "
+                "itself; drafts come from n-gram lookup in the text (no draft model) ---", DIM))
+    print(paint(copy["text"][-160:], DIM) + marker, end="", flush=True)
+    stats, *_ = _stream_text(target, specjax.PromptLookup(), tokenizer.encode(copy["text"]),
+                             args, sampling, key, paint, None)
+    print(f"[prompt lookup] acceptance rate {stats.acceptance_rate:.2f}, tau "
+          f"{stats.mean_accepted_length:.2f} tokens per target forward\n")
+    _say("measuring the speed of both decoders on the draft-model prompts...")
+    _demo_speed(target, draft, prompt_ids, args, sampling, key)
     return 0
+
+
+# ---------------------------------------------------------------------------- generate
+
+def _validate_generate(args):
+    """Every check that needs no model, before any loads and before the prompt echoes."""
+    import specjax
+
+    _check_dir(args.target, "--target")
+    _check_dir(args.draft, "--draft")
+    if args.max_new_tokens < 1:
+        raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    try:
+        sampling = specjax.SamplingConfig(temperature=args.temperature, top_k=args.top_k,
+                                          top_p=args.top_p)
+        specjax.SpeculativeConfig(num_draft_tokens=args.num_draft_tokens, sampling=sampling)
+        lookup = specjax.PromptLookup(max_ngram_size=args.max_ngram_size,
+                                      min_ngram_size=args.min_ngram_size)
+    except ValueError as error:  # the library's own messages, with the option's name
+        raise CliError(str(error).replace("num_draft_tokens", "--num-draft-tokens")) from None
+    return sampling, lookup
+
+
+def _read_prompt(args) -> str:
+    if args.prompt is not None:
+        text = args.prompt
+    elif sys.stdin is None or sys.stdin.isatty():
+        raise CliError("no prompt: pass it as an argument (specjax generate 'def f(x):') or "
+                       "pipe it on stdin (cat file.py | specjax generate)")
+    else:
+        text = sys.stdin.read()
+    if not text:
+        raise CliError("empty prompt: pass it as an argument or on stdin")
+    return text
 
 
 def _generate(args) -> int:
+    sampling, lookup = _validate_generate(args)
+    text = _read_prompt(args)
     import jax
     import numpy as np
-    import specjax_models
 
     import specjax
+    import specjax_models
+    from specjax.inputs import plan_capacity
+    from specjax.timing import wall_seconds
 
-    text = args.prompt if args.prompt is not None else sys.stdin.read()
-    if not text:
-        raise CliError("empty prompt: pass it as an argument or on stdin")
-    target, draft = _load_pair(args.target, args.draft)
+    target = _load(args.target, "target")
+    speculative = not args.no_speculation
+    drafter = None
+    if speculative and args.drafter == "prompt-lookup":
+        drafter = lookup
+    elif speculative:
+        drafter = specjax.DraftModel(_load(args.draft, "draft"),
+                                     "greedy" if args.greedy_draft else "sample")
+        drafter.check(target, sampling)  # the library's vocabulary check, before decoding
     tokenizer = specjax_models.ByteTokenizer()
     ids = tokenizer.encode(text)
-    sampling = _sampling(args)
+    extra = args.num_draft_tokens + 1 if speculative else 0
+    try:
+        capacity = plan_capacity(np.array([len(ids)]), args.max_new_tokens, target.max_seq_len,
+                                 extra_slots=extra)
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    trained = _trained_length(args.target, "target")
+    if trained and len(ids) + args.max_new_tokens > trained:
+        _say(f"warning: the prompt ({len(ids)} tokens) plus --max-new-tokens "
+             f"({args.max_new_tokens}) exceeds the {trained}-token windows the target was "
+             "trained on; expect weaker text past that length")
     key = jax.random.key(args.seed)
     eos = None if args.no_eos else tokenizer.eos_id
-    if args.num_draft_tokens < 1:
-        raise CliError(f"--num-draft-tokens must be >= 1, got {args.num_draft_tokens}")
-    if args.drafter == "prompt-lookup":
-        drafter = specjax.PromptLookup(max_ngram_size=args.max_ngram_size,
-                                       min_ngram_size=args.min_ngram_size)
-    else:
-        drafter = specjax.DraftModel(draft, "greedy" if args.greedy_draft else "sample")
-    if args.json:
-        if args.no_speculation:
-            out, seconds = _wall(lambda: specjax.generate(
-                target, [ids], max_new_tokens=args.max_new_tokens, sampling=sampling, key=key,
-                eos_id=eos))
-            stats = None
-        else:
-            out, seconds = _wall(lambda: specjax.speculative_generate(
-                target, drafter, [ids], max_new_tokens=args.max_new_tokens,
-                num_draft_tokens=args.num_draft_tokens, sampling=sampling, key=key,
-                eos_id=eos))
-            stats = out.stats.as_dict()
+
+    def decode(n):
+        if not speculative:
+            return specjax.generate(target, [ids], max_new_tokens=n, sampling=sampling,
+                                    key=key, eos_id=eos, cache_size=capacity)
+        return specjax.speculative_generate(target, drafter, [ids], max_new_tokens=n,
+                                            num_draft_tokens=args.num_draft_tokens,
+                                            sampling=sampling, key=key, eos_id=eos,
+                                            cache_size=capacity)
+
+    if args.json or not speculative:
+        # Compile on a 1-token request with the same shapes, then time the real one.
+        _, compile_seconds = wall_seconds(lambda: decode(1))
+        out, seconds = wall_seconds(lambda: decode(args.max_new_tokens))
         length = int(np.asarray(out.lengths)[0])
         tokens = np.asarray(out.tokens)[0, :length].tolist()
-        print(json.dumps({"prompt": text, "text": tokenizer.decode(tokens), "tokens": tokens,
-                          "speculative": not args.no_speculation,
-                          "seconds_including_compile": seconds, "stats": stats}))
-        return 0
-    if args.no_speculation:
-        out = specjax.generate(target, [ids], max_new_tokens=args.max_new_tokens,
-                               sampling=sampling, key=key, eos_id=eos)
-        length = int(np.asarray(out.lengths)[0])
-        print(text + tokenizer.decode(np.asarray(out.tokens)[0, :length].tolist()))
-        return 0
-    print(text, end="", flush=True)
-    _stream_text(target, drafter, ids, args, sampling, key, _painter(args.color), eos)
+        stats = out.stats if speculative else None
+        summary = _summary(length, seconds, compile_seconds, stats)
+        if args.json:
+            print(json.dumps({"prompt": text, "text": tokenizer.decode(tokens),
+                              "tokens": tokens, "speculative": speculative,
+                              "seconds": seconds, "compile_seconds": compile_seconds,
+                              "tokens_per_second": length / seconds,
+                              "stats": None if stats is None else stats.as_dict()}))
+        else:
+            print(text + tokenizer.decode(tokens))
+    else:
+        print(text, end="", flush=True)
+        generated: list[int] = []
+        try:
+            stats, first_s, first_tokens, rest_s = _stream_text(
+                target, drafter, ids, args, sampling, key, _painter(_use_colour(args.color)),
+                eos, capacity, on_token=generated.append)
+        except KeyboardInterrupt:  # what was generated so far is already on the screen
+            print(flush=True)
+            _say(f"specjax generate: interrupted after {len(generated)} tokens")
+            return 130
+        later = int(stats.emitted[0]) - first_tokens
+        rate = f"{later / rest_s:.1f} tokens/s" if later > 0 and rest_s > 0 else "no later steps"
+        summary = (f"{int(stats.emitted[0])} tokens; {rate} after the first step (which took "
+                   f"{first_s:.2f} s with compilation and the prefill); acceptance "
+                   f"{stats.acceptance_rate:.2f}; tau {stats.mean_accepted_length:.2f} tokens "
+                   "per target forward")
+    if not args.quiet:
+        _say(summary)
     return 0
 
+
+def _summary(length: int, seconds: float, compile_seconds: float, stats) -> str:
+    line = (f"{length} tokens in {seconds:.2f} s: {length / seconds:.1f} tokens/s (compile "
+            f"excluded; compiling took {compile_seconds:.1f} s)")
+    if stats is not None:
+        line += (f"; acceptance {stats.acceptance_rate:.2f}; tau "
+                 f"{stats.mean_accepted_length:.2f} tokens per target forward")
+    return line
+
+
+# ---------------------------------------------------------------------------- training
 
 def _corpus(args):
     import specjax_models.corpus as corpus_lib
 
     if args.corpus:
+        _say(f"loading the corpus from {args.corpus}...")
         return corpus_lib.Corpus.load(args.corpus)
+    _say("building the corpus from this Python's standard library (held-out files split "
+         "by name)...")
     return corpus_lib.build_corpus()
 
 
@@ -239,23 +413,27 @@ def _batches(args, corpus):
 def _export(lm, config, out, metadata):
     import specjax_models
 
+    _say(f"saving to {out}...")
     specjax_models.save_checkpoint(lm, config, out, extra=metadata)
 
 
 def _train(args) -> int:
+    train_config = _train_config(args)  # refuses bad settings before anything loads
     from pathlib import Path
 
-    import specjax_models
     from flax import nnx
 
     import specjax
+    import specjax_models
     from specjax.training import train
 
-    config = {"target": specjax_models.TARGET_CONFIG, "draft": specjax_models.DRAFT_CONFIG}[args.config]
+    configs = {"target": specjax_models.TARGET_CONFIG, "draft": specjax_models.DRAFT_CONFIG}
+    config = configs[args.config]
     corpus = _corpus(args)
     batches, heldout = _batches(args, corpus)
     lm = specjax.CausalLM.from_nnx(specjax_models.Transformer(config, rngs=nnx.Rngs(args.seed)))
-    result = train(lm, batches, _train_config(args), checkpoint_dir=Path(args.out) / "run",
+    _say(f"model: the bundled {args.config} architecture, {_num_params(lm) / 1e6:.2f}M params")
+    result = train(lm, batches, train_config, checkpoint_dir=Path(args.out) / "run",
                    heldout=heldout, pad_id=specjax_models.ByteTokenizer.pad_id,
                    max_seconds=args.max_seconds)
     steps = result.history[-1]["step"] if result.history else 0
@@ -271,19 +449,21 @@ def _train(args) -> int:
 
 
 def _distill(args) -> int:
+    train_config = _train_config(args)
+    _check_dir(args.target, "--target")
+    _check_dir(args.draft, "--draft")
     from pathlib import Path
 
     import specjax_models
-
     from specjax.training import DistillConfig, distill
 
-    target = specjax_models.load_checkpoint(args.target)
-    draft = specjax_models.load_checkpoint(args.draft)
+    distill_config = DistillConfig(divergence=args.divergence, temperature=args.temperature,
+                                   on_policy_fraction=args.on_policy_fraction)
+    _say("loading the target and the draft...")
+    target, draft = _load(args.target, "target"), _load(args.draft, "draft")
     corpus = _corpus(args)
     batches, heldout = _batches(args, corpus)
-    result = distill(draft, target, batches, _train_config(args),
-                     DistillConfig(divergence=args.divergence, temperature=args.temperature,
-                                   on_policy_fraction=args.on_policy_fraction),
+    result = distill(draft, target, batches, train_config, distill_config,
                      checkpoint_dir=Path(args.out) / "run", heldout=heldout,
                      pad_id=specjax_models.ByteTokenizer.pad_id, seed=args.seed,
                      max_seconds=args.max_seconds)
@@ -292,96 +472,156 @@ def _distill(args) -> int:
         "kind": "distill", "steps_done": steps, "args": vars(args),
         "heldout_divergence": result.heldout_loss, "python": corpus.manifest["python"],
         "command": " ".join(sys.argv)})
-    print(f"distilled {steps} steps; held-out {args.divergence} {result.heldout_loss:.4f}; "
-          f"saved to {args.out}")
+    unit = {"fkl": "nats per byte (forward KL)", "tvd": "(total variation, 0 to 1)"}
+    print(f"distilled {steps} steps; held-out divergence {result.heldout_loss:.4f} "
+          f"{unit[args.divergence]}; saved to {args.out}")
     return 0
 
 
+# ---------------------------------------------------------------------------- parser
+
 def _add_sampling(parser):
     parser.add_argument("--temperature", type=float, default=0.0,
-                        help="0 is greedy (default)")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
+                        help="sampling temperature; 0 is greedy (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=0,
+                        help="keep the k most probable tokens; 0 is off (default: %(default)s)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="keep the smallest most-probable set reaching this mass; 1.0 is "
+                             "off (default: %(default)s)")
 
 
 def _add_training(parser, steps, lr):
-    parser.add_argument("--out", required=True, help="output directory (resumes if present)")
-    parser.add_argument("--steps", type=int, default=steps)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--learning-rate", type=float, default=lr)
-    parser.add_argument("--warmup-steps", type=int, default=200)
-    parser.add_argument("--weight-decay", type=float, default=0.1)
-    parser.add_argument("--checkpoint-every", type=int, default=500)
-    parser.add_argument("--eval-every", type=int, default=500)
-    parser.add_argument("--eval-batches", type=int, default=8)
-    parser.add_argument("--log-every", type=int, default=25)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--corpus", default=None,
-                        help="a saved corpus directory (default: this Python's stdlib)")
-    parser.add_argument("--max-seconds", type=float, default=None,
-                        help="stop early after a checkpoint; rerun to resume")
+    add = parser.add_argument
+    add("--out", required=True, help="output directory; a run that finds checkpoints there "
+        "resumes from the latest")
+    add("--steps", type=int, default=steps, help="optimizer steps (default: %(default)s)")
+    add("--batch-size", type=int, default=32, help="windows per step (default: %(default)s)")
+    add("--seq-len", type=int, default=256, help="tokens (bytes) per window "
+        "(default: %(default)s)")
+    add("--learning-rate", type=float, default=lr, help="peak AdamW learning rate "
+        "(default: %(default)s)")
+    add("--warmup-steps", type=int, default=200, help="linear warmup steps, then cosine decay "
+        "(default: %(default)s)")
+    add("--weight-decay", type=float, default=0.1, help="AdamW weight decay "
+        "(default: %(default)s)")
+    add("--checkpoint-every", type=int, default=500, help="steps between orbax checkpoints "
+        "(default: %(default)s)")
+    add("--eval-every", type=int, default=500, help="steps between held-out evaluations "
+        "(default: %(default)s)")
+    add("--eval-batches", type=int, default=8, help="held-out batches per evaluation "
+        "(default: %(default)s)")
+    add("--log-every", type=int, default=25, help="steps between progress lines (the first "
+        "and last steps always print; default: %(default)s)")
+    add("--seed", type=int, default=0, help="seed of the initial weights and the batches "
+        "(default: %(default)s)")
+    add("--corpus", default=None, help="a saved corpus directory (default: build one from "
+        "this Python's standard library)")
+    add("--max-seconds", type=float, default=None, help="stop after this many seconds, with "
+        "a checkpoint; rerun the same command to resume (default: no limit)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specjax",
                                      description="Exact speculative decoding in JAX.")
     sub = parser.add_subparsers(dest="command", required=True)
+    colour_help = "colour the streamed text: auto (when stdout is a terminal), always, never"
 
     demo = sub.add_parser("demo", help="the bundled pair continues held-out code, streamed "
-                          "and coloured, with acceptance and speedup over plain decoding")
-    demo.add_argument("--max-new-tokens", type=int, default=160)
-    demo.add_argument("--num-draft-tokens", type=int, default=8)
-    demo.add_argument("--temperature", type=float, default=0.0)
-    demo.add_argument("--prompts", type=int, default=2)
-    demo.add_argument("--reps", type=int, default=3, help="timed repetitions (median)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+                          "and coloured, then the speedup over plain decoding and why",
+                          description="The bundled byte-level pair continues held-out "
+                          "Python code with speculative decoding (a draft model, then "
+                          "prompt lookup), then measures speculative against plain "
+                          "decoding in the same run and explains the figures.")
+    demo.add_argument("--max-new-tokens", type=int, default=160,
+                      help="tokens generated per prompt (default: %(default)s)")
+    demo.add_argument("--num-draft-tokens", type=int, default=8,
+                      help="K, drafts verified per target forward (default: %(default)s)")
+    demo.add_argument("--temperature", type=float, default=0.0,
+                      help="0 is greedy (default: %(default)s)")
+    demo.add_argument("--prompts", type=int, default=2,
+                      help="held-out prompts to continue (default: %(default)s)")
+    demo.add_argument("--reps", type=int, default=3,
+                      help="timed repetitions; medians are reported (default: %(default)s)")
+    demo.add_argument("--seed", type=int, default=0, help="PRNG seed (default: %(default)s)")
+    demo.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                      help=colour_help)
 
-    gen = sub.add_parser("generate", help="continue a prompt (argument or stdin)")
-    gen.add_argument("prompt", nargs="?", default=None)
-    gen.add_argument("--target", default=None, help="checkpoint dir (default: bundled)")
-    gen.add_argument("--draft", default=None, help="checkpoint dir (default: bundled)")
-    gen.add_argument("--num-draft-tokens", type=int, default=6)
+    gen = sub.add_parser("generate", help="continue a prompt (argument or stdin)",
+                         description="Continue a prompt with the bundled pair (or your "
+                         "checkpoints). The text goes to stdout; a one-line summary (tokens, "
+                         "tokens/s, acceptance, tau) to stderr.")
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="the text to continue (default: read stdin)")
+    gen.add_argument("--target", default=None,
+                     help="target checkpoint directory (default: the bundled target)")
+    gen.add_argument("--draft", default=None,
+                     help="draft checkpoint directory (default: the bundled draft)")
+    gen.add_argument("--num-draft-tokens", type=int, default=6,
+                     help="K, drafts verified per target forward (default: %(default)s)")
     _add_sampling(gen)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--max-new-tokens", type=int, default=200)
+    gen.add_argument("--seed", type=int, default=0, help="PRNG seed (default: %(default)s)")
+    gen.add_argument("--max-new-tokens", type=int, default=200,
+                     help="at most this many new tokens (default: %(default)s)")
     gen.add_argument("--greedy-draft", action="store_true",
                      help="draft argmax tokens with one-hot q (exact too)")
     gen.add_argument("--drafter", choices=["model", "prompt-lookup"], default="model",
-                     help="the draft model, or n-gram lookup in the prompt and output")
-    gen.add_argument("--max-ngram-size", type=int, default=3)
-    gen.add_argument("--min-ngram-size", type=int, default=1)
-    gen.add_argument("--no-speculation", action="store_true", help="plain decoding")
-    gen.add_argument("--no-eos", action="store_true", help="do not stop at EOS")
-    gen.add_argument("--json", action="store_true", help="machine-readable output with stats")
-    gen.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+                     help="the draft model, or n-gram lookup in the prompt and output "
+                          "(default: %(default)s)")
+    gen.add_argument("--max-ngram-size", type=int, default=3,
+                     help="prompt lookup: longest n-gram matched (default: %(default)s)")
+    gen.add_argument("--min-ngram-size", type=int, default=1,
+                     help="prompt lookup: shortest n-gram matched (default: %(default)s)")
+    gen.add_argument("--no-speculation", action="store_true",
+                     help="plain autoregressive decoding of the target")
+    gen.add_argument("--no-eos", action="store_true",
+                     help="do not stop at the end-of-document token")
+    gen.add_argument("--json", action="store_true",
+                     help="one JSON object: text, tokens, seconds, compile_seconds, "
+                          "tokens_per_second (compile excluded), stats")
+    gen.add_argument("--quiet", action="store_true", help="no summary line on stderr")
+    gen.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                     help=colour_help)
 
-    tr = sub.add_parser("train", help="next-token training of a bundled-size model")
-    tr.add_argument("--config", choices=["target", "draft"], default="target")
+    tr = sub.add_parser("train", help="next-token training of a bundled-size model",
+                        description="Train the bundled target or draft architecture on the "
+                        "standard library, with resumable orbax checkpoints.")
+    tr.add_argument("--config", choices=["target", "draft"], default="target",
+                    help="which bundled architecture (default: %(default)s)")
     _add_training(tr, steps=4000, lr=3e-3)
 
-    di = sub.add_parser("distill", help="distil a draft towards a target (DistillSpec)")
-    di.add_argument("--target", required=True)
-    di.add_argument("--draft", required=True, help="the draft to start from")
-    di.add_argument("--divergence", choices=["fkl", "tvd"], default="fkl")
-    di.add_argument("--temperature", type=float, default=1.0)
-    di.add_argument("--on-policy-fraction", type=float, default=0.0)
+    di = sub.add_parser("distill", help="distil a draft towards a target (DistillSpec)",
+                        description="Train a draft to match a target's distributions "
+                        "(DistillSpec), with resumable orbax checkpoints.")
+    di.add_argument("--target", required=True, help="target checkpoint directory")
+    di.add_argument("--draft", required=True, help="the draft checkpoint to start from")
+    di.add_argument("--divergence", choices=["fkl", "tvd"], default="fkl",
+                    help="forward KL or total variation (default: %(default)s)")
+    di.add_argument("--temperature", type=float, default=1.0,
+                    help="compare the distributions at this temperature "
+                         "(default: %(default)s)")
+    di.add_argument("--on-policy-fraction", type=float, default=0.0,
+                    help="share of steps trained on the draft's own samples "
+                         "(default: %(default)s)")
     _add_training(di, steps=2000, lr=1e-3)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    handlers = {"demo": _demo, "generate": _generate, "train": _train, "distill": _distill}
+    command = "?"
     try:
-        return handlers[args.command](args)
+        args = build_parser().parse_args(argv)
+        command = args.command
+        handlers = {"demo": _demo, "generate": _generate, "train": _train, "distill": _distill}
+        return handlers[command](args)
     except (CliError, ValueError, TypeError, FileNotFoundError) as error:
-        print(f"specjax {args.command}: error: {error}", file=sys.stderr)
+        print(f"specjax {command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"specjax {args.command}: interrupted", file=sys.stderr)
+        print(flush=True)
+        print(f"specjax {command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `specjax generate ... | head`
+        return 0
 
 
 if __name__ == "__main__":

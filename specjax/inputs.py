@@ -135,7 +135,8 @@ def check_eos_id(eos_id, vocab_size: int) -> np.ndarray:
     """The end-of-sequence ids as int32 `[E]`, padded with -1 (never produced).
 
     `eos_id` is None, one id, or a sequence of ids (Llama 3 and Qwen chat models end on
-    several). E is a power of two >= 4, so one to four ids share one compiled decoder.
+    several; an empty sequence is None). E is a power of two >= 4, so one to four ids
+    share one compiled decoder.
     """
     if eos_id is None:
         ids = []
@@ -144,9 +145,9 @@ def check_eos_id(eos_id, vocab_size: int) -> np.ndarray:
     elif isinstance(eos_id, (list, tuple, np.ndarray)) and not isinstance(eos_id, str):
         ids = list(np.asarray(eos_id).reshape(-1)) if isinstance(eos_id, np.ndarray) \
             else list(eos_id)
-        if not ids or not all(_is_int(i) for i in ids):
-            raise TypeError(f"eos_id must be an int, a non-empty list of ints, or None; got "
-                            f"{eos_id!r}")
+        if not all(_is_int(i) for i in ids):
+            raise TypeError(f"eos_id must be an int, a list of ints (empty: none), or None; "
+                            f"got {eos_id!r}")
     else:
         raise TypeError(f"eos_id must be an int, a list of ints, or None; got {eos_id!r}")
     for i in ids:

@@ -48,8 +48,8 @@ class SpeculativeState:
     sequence int32 [B, S]; lengths, prompt_lengths int32 [B]; target_cache; drafter_state;
     done bool [B]; key (the one PRNG key); max_new_tokens int32 scalar and eos_ids int32
     [E] (traced: new values do not recompile; -1 entries are no EOS). Counters per row,
-    int32: target_forwards, draft_forwards, proposed, checked (drafts up to and including the first rejection),
-    accepted, accepted_per_position [B, K]. Last step, per row:
+    int32: target_forwards, draft_forwards, proposed, checked (drafts up to and
+    including the first rejection), accepted, accepted_per_position [B, K]. Last step, per row:
     step_accepted (drafts accepted), step_emitted (tokens committed). num_steps: verify
     forwards run for the batch.
     """

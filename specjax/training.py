@@ -133,13 +133,19 @@ class Progress:
         self.start_step, self.start_time = start, time.perf_counter()
         self.tty = hasattr(stream, "isatty") and stream.isatty()
 
+    def note(self, text: str) -> None:
+        """A phase line (compiling, resuming, ...), on its own line."""
+        if self.enabled:
+            self.stream.write(f"{self.label}: {text}\n")
+            self.stream.flush()
+
     def update(self, step: int, **metrics) -> None:
         if not self.enabled:
             return
         done = step / self.total
         rate = (step - self.start_step) / max(time.perf_counter() - self.start_time, 1e-9)
         bar = "#" * int(24 * done) + "." * (24 - int(24 * done))
-        shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         line = f"{self.label} [{bar}] {step}/{self.total} {shown} {rate:.2f} step/s"
         self.stream.write(("\r" + line) if self.tty else (line + "\n"))
         self.stream.flush()
@@ -179,6 +185,7 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
     opt_state, start = optimizer.init(params), 0
     history: list = []
     manager = None
+    bar = Progress(config.steps, 0, label, enabled=progress)
     if checkpoint_dir is not None:
         manager = _checkpoint_manager(checkpoint_dir)
         latest = manager.latest_step()
@@ -191,6 +198,8 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
             if history_file.exists():
                 entries = map(json.loads, history_file.read_text().splitlines())
                 history = [entry for entry in entries if entry["step"] <= latest]
+            bar.note(f"resuming from step {latest} of {config.steps} (checkpoints in "
+                     f"{checkpoint_dir})")
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def step_fn(params, opt_state, tokens, aux):
@@ -212,23 +221,34 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
             with open(Path(checkpoint_dir) / "history.jsonl", "a") as f:
                 f.write(json.dumps(entry) + "\n")
 
-    bar = Progress(config.steps, start, label, enabled=progress)
+    bar.start_step = start
     heldout_loss = None
     started = time.perf_counter()
+    if start < config.steps:
+        bar.note("compiling the training step (the first step includes it)...")
+    # Units: the loss is in nats per token; held-out figures are bits per token (bits
+    # per byte for the byte-level models).
+    loss_unit = "loss (nats/token)" if label == "train" else "divergence"
     for step in range(start, config.steps):
         # `batches(step, params)`: on-policy distillation samples with the current params.
         params, opt_state, loss, grad_norm = step_fn(params, opt_state,
                                                      jnp.asarray(batches(step, params)), aux)
         done = step + 1
-        if done % config.log_every == 0 or done == config.steps:
+        if done == start + 1:
+            bar.note(f"first step done after {time.perf_counter() - started:.1f} s")
+        if done % config.log_every == 0 or done == config.steps or done == start + 1:
             entry = {"step": done, "loss": float(loss), "grad_norm": float(grad_norm)}
             if done % config.eval_every == 0 or done == config.steps:
                 heldout_loss = evaluate(params)
                 if heldout_loss is not None:
                     entry["heldout_loss"] = heldout_loss
             record(entry)
-            bar.update(done, loss=entry["loss"],
-                       **({"heldout": entry["heldout_loss"]} if "heldout_loss" in entry else {}))
+            shown = {loss_unit: entry["loss"]}
+            if "heldout_loss" in entry:
+                held = entry["heldout_loss"]
+                shown["held-out " + ("bits/token" if label == "train" else "divergence")] = (
+                    held / math.log(2) if label == "train" else held)
+            bar.update(done, **shown)
         out_of_time = max_seconds is not None and time.perf_counter() - started > max_seconds
         if manager is not None and (done % config.checkpoint_every == 0 or done == config.steps
                                     or out_of_time):

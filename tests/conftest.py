@@ -4,8 +4,8 @@ import jax
 import pytest
 from flax import nnx
 
-import specjax_models
 import specjax
+import specjax_models
 
 # Implicit rank promotion hides shape bugs; every test runs with it refused.
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from conftest import build_lm, tiny_config
 
-import specjax_models
 import specjax
+import specjax_models
 
 
 def test_save_load_round_trip_gives_identical_params_and_tokens(tmp_path):

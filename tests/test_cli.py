@@ -1,6 +1,7 @@
 """specjax.cli: the commands run end to end in a subprocess, with one-line errors."""
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -22,6 +23,11 @@ def test_generate_json_speculative_equals_plain_greedy():
     assert plain.returncode == 0, plain.stderr
     spec_out, plain_out = json.loads(spec.stdout), json.loads(plain.stdout)
     assert spec_out["tokens"] == plain_out["tokens"] and len(spec_out["tokens"]) > 0
+    for out in (spec_out, plain_out):
+        assert out["tokens_per_second"] == pytest.approx(len(out["tokens"]) / out["seconds"])
+        assert out["compile_seconds"] > 0
+    # The one-line summary goes to stderr.
+    assert "tokens/s (compile excluded" in spec.stderr and "acceptance" in spec.stderr
     assert spec_out["stats"]["acceptance_rate"] > 0.3
     assert plain_out["stats"] is None and spec_out["speculative"] is True
     lookup = run("generate", prompt, "--json", "--max-new-tokens", "40", "--drafter",
@@ -32,25 +38,72 @@ def test_generate_json_speculative_equals_plain_greedy():
     assert lookup_out["stats"]["draft_forwards"] == [0]
 
 
-def test_demo_streams_and_reports_speed():
-    out = run("demo", "--max-new-tokens", "24", "--prompts", "1", "--color", "never")
+def test_demo_streams_and_explains_its_speed():
+    out = run("demo", "--max-new-tokens", "24", "--prompts", "1", "--color", "never",
+              "--reps", "1")
     assert out.returncode == 0, out.stderr
-    assert "(held out)" in out.stdout
-    assert "acceptance rate" in out.stdout and "speedup" in out.stdout
-    assert "prompt lookup: acceptance rate" in out.stdout
+    assert "(held out)" in out.stdout and " >>> " in out.stdout  # where the prompt ends
+    assert "\033[" not in out.stdout and "Colours:" not in out.stdout  # not a terminal
+    for line in ("[draft model] acceptance rate", "[prompt lookup] acceptance rate",
+                 "[speed] decode phase:", "[speed] end to end:", "[speed] why:"):
+        assert line in out.stdout, line
+    assert "v = " in out.stdout and "ideal is tau / (K c + v)" in out.stdout
 
 
 @pytest.mark.parametrize("args, message", [
-    (["generate", "x", "--target", "/nonexistent/ckpt"], "not a specjax checkpoint"),
+    (["generate", "x", "--target", "/nonexistent/ckpt"], "/nonexistent/ckpt does not exist"),
     (["generate", "x", "--temperature", "-1"], "temperature must be >= 0"),
-    (["generate", "x", "--num-draft-tokens", "0"], "--num-draft-tokens must be >= 1"),
+    (["generate", "x", "--num-draft-tokens", "0"], "--num-draft-tokens must be an int >= 1"),
     (["generate", "x", "--top-p", "0"], "top_p must be in"),
+    (["generate", "x", "--max-ngram-size", "0"], "max_ngram_size must be an int >= 1"),
+    (["generate", "x", "--max-new-tokens", "5000"], "exceed the model's max_seq_len"),
+    (["distill", "--target", "/nope", "--draft", "/nope", "--out", "/tmp/x"],
+     "/nope does not exist"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     out = run(*args)
     assert out.returncode == 2
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert "Traceback" not in out.stderr
+    assert out.stdout == ""  # refused before the prompt is echoed
+
+
+def test_no_prompt_on_a_terminal_is_a_message_not_a_wait(monkeypatch):
+    from specjax import cli
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    args = cli.build_parser().parse_args(["generate"])
+    with pytest.raises(cli.CliError, match="no prompt: pass it as an argument"):
+        cli._read_prompt(args)
+
+
+def test_generate_summary_quiet_and_length_warning():
+    out = run("generate", "def parse(source):\n", "--max-new-tokens", "16", "--color", "never")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("def parse(source):\n")
+    assert "tokens/s after the first step" in out.stderr and "tau" in out.stderr
+    quiet = run("generate", "x = 1\n", "--max-new-tokens", "8", "--quiet",
+                "--no-speculation")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    long = run("generate", "y" * 400, "--max-new-tokens", "200", "--json", "--quiet")
+    assert long.returncode == 0, long.stderr
+    assert "exceeds the 512-token windows the target was trained on" in long.stderr
+
+
+def test_ctrl_c_ends_cleanly_with_what_was_generated():
+    process = subprocess.Popen([sys.executable, "-m", "specjax.cli", "generate", "import os\n",
+                                "--max-new-tokens", "1900", "--no-eos", "--color", "never"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.read(len("import os\n")) == "import os\n"  # the prompt echoed
+    process.stdout.read(4)  # and the first generated text: the stream has started
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
 
 
 def test_train_then_distill_end_to_end(tmp_path):
@@ -61,6 +114,13 @@ def test_train_then_distill_end_to_end(tmp_path):
     target = run("train", "--config", "draft", "--out", str(tmp_path / "t"), *common)
     assert target.returncode == 0, target.stderr
     assert "trained 3 steps" in target.stdout
+    for phase in ("loading the corpus",
+                  "compiling the training step", "first step done", "saving to"):
+        assert phase in target.stderr, phase
+    assert "loss (nats/token)" in target.stderr and "held-out bits/token" in target.stderr
+    resumed = run("train", "--config", "draft", "--out", str(tmp_path / "t"),
+                  *common[:1], "4", *common[2:])
+    assert "resuming from step 3 of 4" in resumed.stderr, resumed.stderr
     draft = run("distill", "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "t"),
                 "--out", str(tmp_path / "d"), "--divergence", "tvd", *common)
     assert draft.returncode == 0, draft.stderr

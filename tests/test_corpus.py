@@ -41,6 +41,7 @@ def test_shipped_prompts_come_from_heldout_files():
 
     import specjax_models
 
-    prompts = json.loads((Path(specjax_models.__file__).parent / "checkpoints/prompts.json").read_text())
+    shipped = Path(specjax_models.__file__).parent / "checkpoints/prompts.json"
+    prompts = json.loads(shipped.read_text())
     assert {p["kind"] for p in prompts} == {"continue", "copy"}
     assert all(corpus.is_heldout(p["file"]) for p in prompts)

@@ -194,8 +194,10 @@ def test_several_eos_ids_and_numpy_ids_are_accepted(tiny_lm):
                    eos_id=[first, np.int64(second)])
     assert int(out.lengths[0]) == 1 + min(
         int(np.argmax(np.asarray(free.tokens[0]) == t)) for t in (first, second))
-    with pytest.raises(TypeError, match="non-empty list of ints"):
-        generate(tiny_lm, [[1]], max_new_tokens=2, sampling=GREEDY, eos_id=[])
+    no_eos = generate(tiny_lm, [[1, 2, 3]], max_new_tokens=16, sampling=GREEDY, eos_id=[])
+    np.testing.assert_array_equal(no_eos.tokens, free.tokens)
+    with pytest.raises(TypeError, match="a list of ints"):
+        generate(tiny_lm, [[1]], max_new_tokens=2, sampling=GREEDY, eos_id=[1.5])
     with pytest.raises(ValueError, match="eos_id=40 is outside"):
         generate(tiny_lm, [[1]], max_new_tokens=2, sampling=GREEDY, eos_id=[3, 40])
 

@@ -7,11 +7,12 @@ import jax
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # `pytest -m slow` (CI runs it)
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import specjax_models  # noqa: E402
 import specjax  # noqa: E402
+import specjax_models  # noqa: E402
 
 COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,

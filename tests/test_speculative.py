@@ -196,8 +196,9 @@ REPRO_SCRIPT = textwrap.dedent("""
         cfg = dict(vocab_size=32, num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
                    d_ff=128, max_seq_len=128)
         cfg.update(kw)
-        return specjax.CausalLM.from_nnx(specjax_models.Transformer(specjax_models.TransformerConfig(**cfg),
-                                                            rngs=nnx.Rngs(seed)))
+        config = specjax_models.TransformerConfig(**cfg)
+        return specjax.CausalLM.from_nnx(specjax_models.Transformer(config,
+                                                                    rngs=nnx.Rngs(seed)))
     out = specjax.speculative_generate(
         lm(0), lm(17, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1, d_ff=64),
         [[1, 2, 3, 4], [7, 7], [30, 2, 5, 9, 11, 3], [4]], max_new_tokens=16,

@@ -1,4 +1,5 @@
-"""specjax_models.transformer: incremental decoding equals the full forward, masks, dtypes, shapes."""
+"""specjax_models.transformer: incremental decoding equals the full forward, masks,
+dtypes, shapes."""
 
 import jax
 import jax.numpy as jnp
@@ -7,8 +8,8 @@ import pytest
 from conftest import build_lm, tiny_config
 from flax import nnx
 
-import specjax_models
 import specjax
+import specjax_models
 
 
 def _random_tokens(seed, shape, vocab):

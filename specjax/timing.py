@@ -1,0 +1,80 @@
+"""Timing what DESIGN.md section 7 defines: wall time of a decoder call with compilation
+kept apart, and the step costs c (draft step / target step) and v (verify forward /
+target step) measured as a decode loop runs them.
+
+Speed is measured, never asserted: these helpers serve the command line and the
+benchmarks, which report medians of alternating repetitions and ratios from one run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from specjax.causal_lm import CausalLM
+
+
+def wall_seconds(call: Callable):
+    """`(result, seconds)` of `call()`, waiting for its arrays (a decoder output's
+    `tokens` and `lengths`, or every array of a pytree result)."""
+    start = time.perf_counter()
+    result = call()
+    if hasattr(result, "tokens") and hasattr(result, "lengths"):
+        jax.block_until_ready((result.tokens, result.lengths))
+    else:
+        jax.block_until_ready(result)
+    return result, time.perf_counter() - start
+
+
+def forward_timer(lm: CausalLM, batch: int, num_tokens: int, *, cache_slots: int = 256,
+                  position: int = 64, steps: int = 16) -> Callable[[], float]:
+    """A compiled, warmed-up function returning the seconds of one cached forward of
+    `num_tokens` new tokens per row at `position`, timed as a decode loop runs it: `steps`
+    forwards inside one jit (no per-call dispatch), each writing its keys/values into the
+    carried cache and feeding its argmax to the next."""
+    if position + num_tokens + 1 > cache_slots:
+        raise ValueError(f"position {position} + {num_tokens} tokens does not fit in "
+                         f"{cache_slots} cache slots")
+
+    def body(step, carry):
+        cache, token_B = carry
+        tokens_BT = jnp.broadcast_to(token_B[:, None], (batch, num_tokens))
+        start = position + step % 2  # alternate so no two forwards are identical
+        positions_BT = start + jnp.broadcast_to(jnp.arange(num_tokens), (batch, num_tokens))
+        logits_BTV, _, cache = lm.apply(tokens_BT, positions_BT, cache,
+                                        jnp.full((batch,), start, jnp.int32))
+        return cache, jnp.argmax(logits_BTV[:, -1], axis=-1).astype(jnp.int32)
+
+    loop = jax.jit(lambda lm, cache, token_B: jax.lax.fori_loop(0, steps, body,
+                                                                 (cache, token_B))[1])
+    cache = lm.init_cache(batch, cache_slots)
+    first = jnp.zeros((batch,), jnp.int32)
+    jax.block_until_ready(loop(lm, cache, first))
+    return lambda: wall_seconds(lambda: loop(lm, cache, first))[1] / steps
+
+
+def interleaved_medians(timers: dict[object, Callable[[], float]], reps: int) -> dict:
+    """Median seconds of each timer over `reps` rounds (at least 5), run in alternation so
+    that machine noise hits them alike (their ratios are what matter)."""
+    times = {name: [] for name in timers}
+    for _ in range(max(reps, 5)):
+        for name, timer in timers.items():
+            times[name].append(timer())
+    return {name: float(statistics.median(values)) for name, values in times.items()}
+
+
+def step_costs(target: CausalLM, draft: CausalLM | None, batch: int, ks, reps: int = 5,
+               **where) -> dict:
+    """Seconds of a 1-token target forward ("target"), a 1-token draft forward ("draft",
+    when a draft model is given) and each (K+1)-token verify (key K + 1), in alternation;
+    `where` sets `cache_slots` and `position` (use the decoder's)."""
+    timers = {"target": forward_timer(target, batch, 1, **where)}
+    if draft is not None:
+        timers["draft"] = forward_timer(draft, batch, 1, **where)
+    for k in ks:
+        timers[k + 1] = forward_timer(target, batch, k + 1, **where)
+    return interleaved_medians(timers, reps)

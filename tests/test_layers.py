@@ -1,0 +1,40 @@
+"""The layering of DESIGN.md section 2, checked on the source: the algorithm package never
+imports the model package, except its command line (the users' layer), which nothing in
+specjax imports."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_only_the_command_line_imports_the_model_package():
+    offenders = []
+    for path in sorted((ROOT / "specjax").rglob("*.py")):
+        models = {n for n in imported_modules(path) if n.split(".")[0] in ("specjax_models",
+                                                                            "models")}
+        if models and path.name != "cli.py":
+            offenders.append(f"{path.relative_to(ROOT)} imports {sorted(models)}")
+    assert offenders == []
+    assert "specjax_models" in imported_modules(ROOT / "specjax" / "cli.py")
+
+
+def test_nothing_in_specjax_imports_the_command_line():
+    importers = [str(p.relative_to(ROOT)) for p in (ROOT / "specjax").rglob("*.py")
+                 if "specjax.cli" in imported_modules(p)]
+    assert importers == []
+
+
+def test_the_speculative_step_does_not_import_draft_model():
+    assert not {n for n in imported_modules(ROOT / "specjax" / "speculative.py")
+                if "draft_model" in n}
