@@ -17,7 +17,14 @@ from flax import nnx
 
 import specjax
 import specjax_models
-from benchmarks.common import block, machine_record, median, timed, write_results
+from benchmarks.common import (
+    block,
+    machine_record,
+    median,
+    timed,
+    transformers_greedy,
+    write_results,
+)
 from benchmarks.hf_reference import to_transformers
 
 CONFIG = specjax_models.TransformerConfig(vocab_size=16_000, num_layers=6, d_model=384, num_heads=6,
@@ -47,17 +54,13 @@ def main():
             lm, prompts, max_new_tokens=args.new_tokens, sampling=specjax.GREEDY).tokens)
         input_ids = torch.from_numpy(prompts.astype(np.int64))
 
-        def theirs(input_ids=input_ids):
-            with torch.no_grad():
-                return hf.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                   max_new_tokens=args.new_tokens,
-                                   min_new_tokens=args.new_tokens, do_sample=False,
-                                   pad_token_id=0, eos_token_id=None)
+        theirs = lambda input_ids=input_ids: transformers_greedy(hf, input_ids, args.new_tokens,
+                                                                 pad_id=0)
 
         compile_s = timed(ours)
         theirs()  # warm-up
         our_tokens = np.asarray(ours())
-        their_tokens = theirs()[:, args.prompt_len:].numpy()
+        their_tokens = theirs().numpy()
         identical = bool(np.array_equal(our_tokens, their_tokens))
         ours_t, theirs_t = [], []
         for _ in range(args.reps):

@@ -19,9 +19,16 @@ import numpy as np
 
 import specjax
 import specjax_models
-from benchmarks.common import block, machine_record, median, timed, write_results
+from benchmarks.common import (
+    block,
+    machine_record,
+    median,
+    sampling_modes,
+    timed,
+    write_results,
+)
 
-MODES = {"greedy": specjax.GREEDY, "t=1": specjax.SamplingConfig(temperature=1.0)}
+MODES = sampling_modes()
 
 
 def main():

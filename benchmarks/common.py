@@ -14,6 +14,27 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def sampling_modes() -> dict:
+    """The two sampling modes every benchmark reports: greedy and temperature 1."""
+    import specjax
+
+    return {"greedy": specjax.GREEDY, "t=1": specjax.SamplingConfig(temperature=1.0)}
+
+
+def transformers_greedy(hf_model, input_ids, new_tokens: int, pad_id: int, **extra):
+    """transformers' greedy `generate` of exactly `new_tokens` tokens (EOS ignored), the
+    call every comparison makes; `extra` adds assisted generation or prompt lookup.
+    Returns the new tokens, a torch tensor `[B, new_tokens]`."""
+    import torch
+
+    with torch.no_grad():
+        out = hf_model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                do_sample=False, pad_token_id=pad_id, eos_token_id=None,
+                                **extra)
+    return out[:, input_ids.shape[1]:]
+
+
 def block(x):
     """Wait for every array in a pytree (JAX) so timings include the computation."""
     import jax
@@ -31,6 +52,13 @@ def median(values) -> float:
     return float(statistics.median(values))
 
 
+def command_line() -> str:
+    """How this script was run, as `python -m benchmarks.NAME ...` (no machine paths)."""
+    script = Path(sys.argv[0])
+    module = f"benchmarks.{script.stem}" if script.suffix == ".py" else script.name
+    return " ".join(["python", "-m", module, *sys.argv[1:]])
+
+
 def machine_record() -> dict:
     import jax
 
@@ -42,7 +70,7 @@ def machine_record() -> dict:
         "jax": jax.__version__,
         "jax_backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
     }
     try:
         import flax

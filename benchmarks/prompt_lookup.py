@@ -20,7 +20,14 @@ import numpy as np
 
 import specjax
 import specjax_models
-from benchmarks.common import block, machine_record, median, timed, write_results
+from benchmarks.common import (
+    block,
+    machine_record,
+    median,
+    timed,
+    transformers_greedy,
+    write_results,
+)
 from benchmarks.hf_reference import to_transformers
 
 TASKS = {"copy": "copy", "plain": "continue"}
@@ -53,13 +60,8 @@ def main():
         def hf_call(i, k=None, hf_inputs=hf_inputs, prompts=prompts):
             extra = {} if k is None else {"prompt_lookup_num_tokens": k,
                                           "max_matching_ngram_size": args.max_ngram_size}
-            with torch.no_grad():
-                out = hf.generate(hf_inputs[i], attention_mask=torch.ones_like(hf_inputs[i]),
-                                  max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                  pad_token_id=specjax_models.ByteTokenizer.pad_id,
-                                  eos_token_id=None,
-                                  **extra)
-            return out[0, len(prompts[i]):].tolist()
+            return transformers_greedy(hf, hf_inputs[i], n, specjax_models.ByteTokenizer.pad_id,
+                                       **extra)[0].tolist()
 
         timed_prompts = range(min(args.timing_prompts, len(prompts)))
         plain_t, hf_plain_t, hf_plain_tokens = {}, {}, {}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import resource
 import time
@@ -34,7 +35,17 @@ from flax import nnx
 
 import specjax
 import specjax_models
-from benchmarks.common import RESULTS, block, machine_record, median, timed, write_results
+from benchmarks.common import (
+    RESULTS,
+    block,
+    machine_record,
+    median,
+    sampling_modes,
+    timed,
+    transformers_greedy,
+    write_results,
+)
+from benchmarks.report import ConfigResult, PeerResult, Roofline, SuiteResult, render
 from benchmarks.speculative_vs_ar import forward_seconds, step_cost_table
 from specjax.inputs import plan_capacity
 
@@ -54,7 +65,7 @@ QUICK = Grid(batches=(1, 4), ks=(2, 4, 8), reps=5, new_tokens=64, prompts=4,
              large_vocab_ks=(4,), peer_prompts=1)
 FULL = Grid(batches=(1, 4, 16), ks=tuple(range(1, 9)), reps=7, new_tokens=128, prompts=16,
             large_vocab_ks=(2, 4, 6), peer_prompts=3)
-MODES = {"greedy": specjax.GREEDY, "t=1": specjax.SamplingConfig(temperature=1.0)}
+MODES = sampling_modes()
 
 
 def peak_memory_bytes() -> tuple[str, int]:
@@ -145,7 +156,8 @@ def measure(target, drafter, prompts, sampling, k, grid, step_costs) -> dict:
             "plain_compile_s": plain_compile, "spec_times_s": spec_t, "plain_times_s": plain_t,
             "spec_first_token_times_s": spec_first, "plain_first_token_times_s": plain_first,
             "greedy_identical_to_plain": bool(np.array_equal(out.tokens, plain_out.tokens))
-            if sampling.greedy else None, memory_kind: memory}
+            if sampling.greedy else None, "peak_memory_kind": memory_kind,
+            "peak_memory_bytes": memory}
 
 
 def config_key(row) -> tuple:
@@ -174,7 +186,7 @@ def large_vocab_pair():
     return target, draft, config
 
 
-def roofline(target, config_bytes_per_token: int, reps: int) -> dict:
+def roofline(target, config_bytes_per_token: int, reps: int) -> Roofline:
     """Plain decode step time vs (weights + KV cache read) / measured copy bandwidth."""
     src = np.ones(64 * 1024 * 1024 // 4, np.float32)
     dst = np.empty_like(src)
@@ -191,14 +203,15 @@ def roofline(target, config_bytes_per_token: int, reps: int) -> dict:
     # On a CPU the weights live in host memory: the better of the two copies is the bound.
     best = device_bandwidth if jax.default_backend() != "cpu" else max(bandwidth,
                                                                        device_bandwidth)
-    return {"bytes_per_step": config_bytes_per_token, "host_copy_bandwidth_bytes_s": bandwidth,
-            "device_copy_bandwidth_bytes_s": device_bandwidth, "device": str(device),
-            "bandwidth_bytes_s": best, "measured_step_s": step,
-            "roofline_step_s": config_bytes_per_token / best,
-            "fraction_of_roofline": (config_bytes_per_token / best) / step}
+    return Roofline(bytes_per_step=config_bytes_per_token,
+                    host_copy_bandwidth_bytes_s=bandwidth,
+                    device_copy_bandwidth_bytes_s=device_bandwidth, device=str(device),
+                    bandwidth_bytes_s=best, measured_step_s=step,
+                    roofline_step_s=config_bytes_per_token / best,
+                    fraction_of_roofline=(config_bytes_per_token / best) / step)
 
 
-def peers(target, draft, prompts, grid) -> list[dict]:
+def peers(target, draft, prompts, grid) -> list[PeerResult]:
     """transformers plain / assisted / prompt lookup vs ours, greedy, batch 1."""
     import torch
 
@@ -210,13 +223,9 @@ def peers(target, draft, prompts, grid) -> list[dict]:
     for i, ids in enumerate(prompts[: grid.peer_prompts]):
         inputs = torch.tensor([ids])
 
-        def hf(inputs=inputs, ids=ids, **extra):
-            with torch.no_grad():
-                out = hf_target.generate(inputs, attention_mask=torch.ones_like(inputs),
-                                         max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                         pad_token_id=specjax_models.ByteTokenizer.pad_id,
-                                         eos_token_id=None, **extra)
-            return out[0, len(ids):].tolist()
+        def hf(inputs=inputs, **extra):
+            return transformers_greedy(hf_target, inputs, n,
+                                       specjax_models.ByteTokenizer.pad_id, **extra)[0].tolist()
 
         calls = {
             "transformers plain": lambda: hf(),
@@ -237,52 +246,140 @@ def peers(target, draft, prompts, grid) -> list[dict]:
         reference = outputs["transformers plain"]
         for name, call in calls.items():
             seconds = median([timed(call) for _ in range(max(3, grid.reps // 2))])
-            rows.append({"prompt": i, "decoder": name, "tokens_per_s": n / seconds,
-                         "identical_to_transformers_plain": outputs[name] == reference})
+            rows.append(PeerResult(prompt=i, decoder=name, tokens_per_s=n / seconds,
+                                   identical_to_transformers_plain=outputs[name] == reference))
     return rows
 
 
 def plot(rows, path_prefix) -> list[str]:
+    """Two figures, one panel per drafter and sampling mode (lines: workload and batch),
+    titled, with legends below the axes so that they cover no data."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    rows = [dataclasses.asdict(r) for r in rows]
+    panels = sorted({(r["drafter"], r["mode"]) for r in rows})
     groups = {}
     for r in rows:
-        groups.setdefault((r["workload"], r["drafter"], r["mode"], r["batch"]), []).append(r)
-    for (workload, drafter, mode, batch), rs in sorted(groups.items()):
-        rs = sorted(rs, key=lambda r: r["k"])
-        label = f"{drafter}, {mode}, B={batch} ({workload})"
-        axes[0].plot([r["k"] for r in rs], [r["decode_speedup"] for r in rs], "o-", label=label)
-        axes[1].plot([r["k"] for r in rs], [r["mean_accepted_length"] for r in rs], "o-",
+        groups.setdefault((r["drafter"], r["mode"], r["workload"], r["batch"]), []).append(r)
+    fig, axes = plt.subplots(2, len(panels), figsize=(4 * len(panels), 7), squeeze=False,
+                             sharex=True)
+    for column, (drafter, mode) in enumerate(panels):
+        top, bottom = axes[0, column], axes[1, column]
+        for (d, m, workload, batch), rs in sorted(groups.items()):
+            if (d, m) != (drafter, mode):
+                continue
+            rs = sorted(rs, key=lambda r: r["k"])
+            label = f"{workload}, batch {batch}"
+            top.plot([r["k"] for r in rs], [r["decode_speedup"] for r in rs], "o-",
                      label=label)
-    axes[0].axhline(1.0, color="grey", lw=0.8)
-    axes[0].set(xlabel="K", ylabel="decode-phase speedup over plain decoding")
-    axes[1].set(xlabel="K", ylabel="tokens per target forward")
-    axes[0].legend(fontsize=6)
+            bottom.plot([r["k"] for r in rs], [r["mean_accepted_length"] for r in rs], "o-",
+                        label=label)
+        top.axhline(1.0, color="grey", lw=0.8)
+        top.set(title=f"{drafter}, {mode}", ylabel="decode-phase speedup (x)")
+        bottom.set(xlabel="K (drafts per step)", ylabel="tau (tokens per target forward)")
+        bottom.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1)
+    fig.suptitle("Speculative vs plain decoding of the bundled target (same run)")
     fig.tight_layout()
-    fig.savefig(f"{path_prefix}_speedup_tau.png", dpi=110)
+    fig.savefig(f"{path_prefix}_speedup_tau.png", dpi=110, bbox_inches="tight")
     written.append(f"{path_prefix}_speedup_tau.png")
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (workload, drafter, mode, batch), rs in sorted(groups.items()):
-        if batch != 1:
-            continue
-        longest = max(rs, key=lambda r: r["k"])
-        positions = longest["accepted_per_position"]
-        ax.plot(range(1, len(positions) + 1), positions, "o-",
-                label=f"{drafter}, {mode} ({workload})")
-    ax.set(xlabel="draft position", ylabel="fraction of steps accepting it",
-           title="Acceptance per position (batch 1, largest K)")
-    ax.legend(fontsize=6)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), squeeze=False,
+                             sharey=True)
+    for column, (drafter, mode) in enumerate(panels):
+        ax = axes[0, column]
+        for (d, m, workload, batch), rs in sorted(groups.items()):
+            if (d, m) != (drafter, mode) or batch != 1:
+                continue
+            longest = max(rs, key=lambda r: r["k"])
+            positions = longest["accepted_per_position"]
+            ax.plot(range(1, len(positions) + 1), positions, "o-",
+                    label=f"{workload}, K={longest['k']}")
+        ax.set(title=f"{drafter}, {mode}", xlabel="draft position")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    axes[0, 0].set_ylabel("fraction of steps accepting it")
+    fig.suptitle("Acceptance per draft position (batch 1, largest K)")
     fig.tight_layout()
-    fig.savefig(f"{path_prefix}_acceptance_per_position.png", dpi=110)
+    fig.savefig(f"{path_prefix}_acceptance_per_position.png", dpi=110, bbox_inches="tight")
     written.append(f"{path_prefix}_acceptance_per_position.png")
     plt.close(fig)
     return written
+
+
+def config_result(target, drafter, prompts, sampling, k, grid, costs_fn, *, workload: str,
+                  drafter_name: str, mode: str) -> ConfigResult:
+    """`measure` as a typed row; the step costs come from `costs_fn()` (measured once)."""
+    return ConfigResult(workload=workload, drafter=drafter_name, mode=mode,
+                        **measure(target, drafter, prompts, sampling, k, grid, costs_fn()))
+
+
+def measure_grid(grid, done: dict, record) -> list[ConfigResult]:
+    """Every bundled configuration and the 32k-vocabulary pair; `done` holds results of an
+    interrupted run (reused), `record` saves each new one as it finishes."""
+    target, draft = specjax_models.load_bundled("target"), specjax_models.load_bundled("draft")
+    workloads = bundled_workloads(grid)
+    drafters = {"draft model": (draft, draft), "prompt lookup": (specjax.PromptLookup(), None)}
+    rows = []
+
+    def run(key, measure_row):
+        if key in done:
+            rows.append(done[key])
+            return
+        row = measure_row()
+        rows.append(row)
+        record(row)
+        print(f"{row.workload:13s} {row.drafter:13s} {row.mode:6s} B={row.batch:<2d} "
+              f"K={row.k}: {row.speedup:.2f}x, decode {row.decode_speedup:.2f}x (ideal "
+              f"{row.ideal_speedup:.2f}, eff {row.efficiency:.2f}), tau "
+              f"{row.mean_accepted_length:.2f}", flush=True)
+
+    for batch in grid.batches:
+        costs = {}  # measured on first need: a resumed batch may need none
+
+        def cost_table(name, cost_draft, batch=batch, costs=costs):
+            if name not in costs:
+                costs[name] = step_cost_table(target, cost_draft, batch, grid.ks, grid.reps,
+                                              **BUNDLED_COSTS_AT)
+            return costs[name]
+
+        for workload, all_prompts in workloads.items():
+            prompts = (all_prompts * batch)[:batch]
+            if workload == "copy task" and batch > 1 and grid is QUICK:
+                continue  # keep the quick grid under 5 minutes
+            for drafter_name, (drafter, cost_draft) in drafters.items():
+                for mode_label, sampling in MODES.items():
+                    for k in grid.ks:
+                        run((workload, drafter_name, mode_label, batch, k), functools.partial(
+                            config_result, target, drafter, prompts, sampling, k, grid,
+                            functools.partial(cost_table, drafter_name, cost_draft),
+                            workload=workload, drafter_name=drafter_name, mode=mode_label))
+
+    big_target, big_draft, _ = large_vocab_pair()
+    big_costs = {}
+
+    def big_cost_table():
+        if not big_costs:
+            big_costs.update(step_cost_table(big_target, big_draft, 1, grid.large_vocab_ks,
+                                             grid.reps))
+        return big_costs
+
+    big_prompts = [np.random.default_rng(0).integers(0, 32_000, 32).tolist()]
+    for mode_label, sampling in MODES.items():
+        for k in grid.large_vocab_ks:
+            run(("random 32k-vocab pair", "first layer", mode_label, 1, k), functools.partial(
+                config_result, big_target, big_draft, big_prompts, sampling, k, grid,
+                big_cost_table, workload="random 32k-vocab pair", drafter_name="first layer",
+                mode=mode_label))
+    return rows
+
+
+def write_suite(suite: SuiteResult, name: str) -> None:
+    plots = plot([r for r in suite.rows if r.workload != "random 32k-vocab pair"],
+                 str(RESULTS / name))
+    write_results(name, suite.to_json(), render(suite, plots))
 
 
 def main():
@@ -293,186 +390,50 @@ def main():
     parser.add_argument("--no-peers", action="store_true", help="skip transformers")
     parser.add_argument("--resume", action="store_true",
                         help="keep the configurations an interrupted run of this mode finished")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rebuild the Markdown report and plots from the committed JSON")
     args = parser.parse_args()
     grid = FULL if args.full else QUICK
     mode_name = "full" if args.full else "quick"
-    started = time.perf_counter()
     name = f"suite_{mode_name}_{jax.default_backend()}"
+    if args.report_only:
+        write_suite(SuiteResult.from_json(json.loads((RESULTS / f"{name}.json").read_text())),
+                    name)
+        return
+    started = time.perf_counter()
     # Every finished configuration is appended here, so a long (--full) run that is
     # interrupted continues with --resume; the file is removed once the report is written.
     progress = RESULTS / f".{name}.partial.jsonl"
     done = {}
     if args.resume and progress.exists():
         for line in progress.read_text().splitlines():
-            row = json.loads(line)
-            done[config_key(row)] = row
+            row = ConfigResult.from_dict(json.loads(line))
+            done[row.key] = row
         print(f"resuming: {len(done)} configurations already measured", flush=True)
     else:
         RESULTS.mkdir(parents=True, exist_ok=True)
         progress.write_text("")
-    target, draft = specjax_models.load_bundled("target"), specjax_models.load_bundled("draft")
-    workloads = bundled_workloads(grid)
-    drafters = {"draft model": (draft, draft), "prompt lookup": (specjax.PromptLookup(), None)}
-    rows = []
 
-    def record(row):
-        rows.append(row)
+    def record(row: ConfigResult):
         with progress.open("a") as file:
-            file.write(json.dumps(row) + "\n")
+            file.write(json.dumps(dataclasses.asdict(row)) + "\n")
 
-    for batch in grid.batches:
-        costs = None  # measured on first need: a resumed batch may need none
-        for workload, all_prompts in workloads.items():
-            prompts = (all_prompts * batch)[:batch] if batch > len(all_prompts) \
-                else all_prompts[:batch]
-            for drafter_name, (drafter, _) in drafters.items():
-                if workload == "copy task" and batch > 1 and grid is QUICK:
-                    continue  # keep the quick grid under 5 minutes
-                for mode_label, sampling in MODES.items():
-                    for k in grid.ks:
-                        key = (workload, drafter_name, mode_label, batch, k)
-                        if key in done:
-                            rows.append(done[key])
-                            continue
-                        if costs is None:
-                            costs = {name: step_cost_table(target, cost_draft, batch, grid.ks,
-                                                           grid.reps, **BUNDLED_COSTS_AT)
-                                     for name, (_, cost_draft) in drafters.items()}
-                        row = measure(target, drafter, prompts, sampling, k, grid,
-                                      costs[drafter_name])
-                        row.update(workload=workload, drafter=drafter_name, mode=mode_label)
-                        record(row)
-                        print(f"{workload:13s} {drafter_name:13s} {mode_label:6s} B={batch:<2d} "
-                              f"K={k}: {row['speedup']:.2f}x, decode {row['decode_speedup']:.2f}x "
-                              f"(ideal {row['ideal_speedup']:.2f}, "
-                              f"eff {row['efficiency']:.2f}), tau "
-                              f"{row['mean_accepted_length']:.2f}", flush=True)
-
-    big_target, big_draft, big_config = large_vocab_pair()
-    big_costs = None
-    big_prompts = [np.random.default_rng(0).integers(0, 32_000, 32).tolist()]
-    for mode_label, sampling in MODES.items():
-        for k in grid.large_vocab_ks:
-            key = ("random 32k-vocab pair", "first layer", mode_label, 1, k)
-            if key in done:
-                rows.append(done[key])
-                continue
-            if big_costs is None:
-                big_costs = step_cost_table(big_target, big_draft, 1, grid.large_vocab_ks,
-                                            grid.reps)
-            row = measure(big_target, big_draft, big_prompts, sampling, k, grid, big_costs)
-            row.update(workload="random 32k-vocab pair", drafter="first layer", mode=mode_label)
-            record(row)
-            print(f"32k vocab {mode_label} K={k}: {row['speedup']:.2f}x, decode "
-                  f"{row['decode_speedup']:.2f}x, v "
-                  f"{row['verify_cost_ratio_v']:.2f}", flush=True)
-
+    rows = measure_grid(grid, done, record)
+    target = specjax_models.load_bundled("target")
     weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(target.params))
     target_config = specjax_models.TARGET_CONFIG
     cache_bytes = 2 * target_config.num_layers * 512 * target_config.num_kv_heads \
         * target_config.resolved_head_dim * 4
     line = roofline(target, weights + cache_bytes, grid.reps)
-    peer_rows = [] if args.no_peers else peers(target, draft, workloads["held-out code"], grid)
-    elapsed = time.perf_counter() - started
-
-    backend = jax.default_backend()
-    pngs = plot([r for r in rows if r["workload"] != "random 32k-vocab pair"],
-                str(RESULTS / name))
-    machine = machine_record()
-    lines = [f"# Benchmark suite ({mode_name}, {backend})", "",
-             f"Command: `{machine['command']}` ({elapsed:.0f} s"
-             + (f"; {len(done)} configurations from the interrupted run" if done else "")
-             + "). Machine: "
-             f"{machine['processor']}, {machine['cpu_count']} CPUs, devices "
-             f"{machine['devices']}, jax {machine['jax']}. Seed 0. Bundled pair (4.9M target, "
-             "0.46M distilled draft) on held-out prompts; medians of "
-             f"{grid.reps} alternating repetitions; {grid.new_tokens} new tokens per row; "
-             "compile excluded (JSON: `spec_compile_s`, `plain_compile_s`).", "",
-             "Columns: tokens/s and `speedup` end to end (prefill included); `1st token` = "
-             "the time to the first token, spec / plain (prefill + one step); `decode` = "
-             "the speedup of the decode phase (end to end minus first token), the figure "
-             "that the ideal predicts and that the efficiency compares with. tau = tokens per "
-             "target forward of a row while it runs; `batch tau` = tokens per row per "
-             "batched step (a batch runs until its slowest row is done), which the ideal "
-             "`batch tau / (K c + v)` uses; the two are equal at batch 1.",
-             "",
-             "| workload | drafter | mode | B | K | spec tok/s | plain tok/s | speedup | decode "
-             "| 1st token ms | alpha | beta | tau | batch tau | fwd/token | c | v | ideal | eff. |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['workload']} | {r['drafter']} | {r['mode']} | {r['batch']} | {r['k']} | "
-            f"{r['spec_tokens_per_s']:.0f} | {r['plain_tokens_per_s']:.0f} | "
-            f"{r['speedup']:.2f} | {r['decode_speedup']:.2f} | "
-            f"{r['spec_first_token_s'] * 1e3:.0f} / {r['plain_first_token_s'] * 1e3:.0f} | "
-            f"{r['acceptance_rate']:.3f} | "
-            f"{r['position_acceptance_rate']:.3f} | {r['mean_accepted_length']:.2f} | "
-            f"{r['batch_tokens_per_step']:.2f} | "
-            f"{r['target_forwards_per_token']:.3f} | {r['cost_ratio_c']:.3f} | "
-            f"{r['verify_cost_ratio_v']:.2f} | {r['ideal_speedup']:.2f} | "
-            f"{r['efficiency']:.2f} |")
-    b1 = [r for r in rows if r["workload"] == "held-out code" and r["drafter"] == "draft model"
-          and r["mode"] == "greedy" and r["batch"] == 1]
-    best = max(b1, key=lambda r: r["decode_speedup"])
-    best_total = max(b1, key=lambda r: r["speedup"])
-    lines += ["", "## Goals", "",
-              f"- Bundled pair, greedy, batch 1: best decode-phase speedup "
-              f"{best['decode_speedup']:.2f}x at K={best['k']} (goal >= 2x: "
-              f"{'met' if best['decode_speedup'] >= 2 else 'NOT met'}); end to end, prefill "
-              f"included, {best_total['speedup']:.2f}x at K={best_total['k']}; efficiency "
-              f"{best['efficiency']:.2f} (goal >= 0.8: "
-              f"{'met' if best['efficiency'] >= 0.8 else 'NOT met'}).",
-              f"- Verify cost on this backend: v = {best['verify_cost_ratio_v']:.2f} for "
-              f"K+1 = {best['k'] + 1} tokens; the ideal speedup tau / (K c + v) is "
-              f"{best['ideal_speedup']:.2f}x, so v, not acceptance, is what limits a CPU."]
-    big_batch = [r for r in rows if r["batch"] == max(grid.batches)
-                 and r["drafter"] == "draft model" and r["mode"] == "greedy"]
-    if big_batch:
-        top = max(big_batch, key=lambda r: r["decode_speedup"])
-        verdict = ("speculation still helps" if top["decode_speedup"] > 1 else
-                   "speculation does not help here")
-        lines.append(
-            f"- Batch {top['batch']}: best decode speedup {top['decode_speedup']:.2f}x "
-            f"(K={top['k']}, {top['speedup']:.2f}x end to end): {verdict}. Why: the ideal "
-            f"there is {top['ideal_speedup']:.2f}x, from v = {top['verify_cost_ratio_v']:.2f} "
-            f"(a batch of {top['batch']} x {top['k'] + 1} verify rows costs more next to a "
-            f"{top['batch']}-row step) and a batch tau of {top['batch_tokens_per_step']:.2f} "
-            f"against a per-row tau of {top['mean_accepted_length']:.2f} (the batch steps "
-            "until its slowest row is done).")
-    if peer_rows:
-        lines += ["", "## transformers on the same weights (greedy, batch 1)", "",
-                  "| prompt | decoder | tok/s | identical to transformers plain |",
-                  "|---|---|---|---|"]
-        for r in peer_rows:
-            lines.append(f"| {r['prompt']} | {r['decoder']} | {r['tokens_per_s']:.0f} | "
-                         f"{r['identical_to_transformers_plain']} |")
-        by = {}
-        for r in peer_rows:
-            by.setdefault(r["decoder"], []).append(r["tokens_per_s"])
-        ratio = np.mean(by["specjax draft model K=8"]) / np.mean(
-            by["transformers assisted (draft model)"])
-        lines.append(f"\nspecjax draft-model decoding / transformers assisted generation: "
-                     f"{ratio:.2f}x tokens/s (goal >= 2x: {'met' if ratio >= 2 else 'NOT met'}).")
-    floor, step = line["roofline_step_s"], line["measured_step_s"]
+    peer_rows = [] if args.no_peers else peers(
+        target, specjax_models.load_bundled("draft"),
+        bundled_workloads(grid)["held-out code"], grid)
     memory_kind, memory = peak_memory_bytes()
-    lines += ["", "## Roofline of plain decoding (batch 1)", "",
-              f"A decode step reads {line['bytes_per_step'] / 1e6:.1f} MB (weights + a "
-              f"512-slot cache); measured copy bandwidth "
-              f"{line['device_copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (jax) / "
-              f"{line['host_copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (numpy); "
-              f"{line['bandwidth_bytes_s'] / 1e9:.1f} GB/s gives a "
-              f"{floor * 1e3:.2f} ms floor; the measured step is {step * 1e3:.2f} ms "
-              f"(the step runs at {floor / step:.0%} of the bandwidth roofline)."
-              + (" The step beats the DRAM floor: this model's weights fit in the CPU's "
-                 "caches, so decoding here is bound by compute and dispatch, not by memory "
-                 "bandwidth — one reason a multi-token verify is not free on this machine."
-                 if floor > step else ""), "",
-              f"Peak memory ({memory_kind}): {memory / 1e9:.2f} GB.", "",
-              "Plots: " + ", ".join(f"`{p.split('/')[-1]}`" for p in pngs), ""]
-    write_results(name, {"benchmark": "suite", "mode": mode_name, "grid": dataclasses.asdict(
-        grid), "seed": 0, "machine": machine, "elapsed_s": elapsed,
-        "resumed_configurations": len(done), "rows": rows, "roofline": line,
-        "peers": peer_rows}, "\n".join(lines))
+    suite = SuiteResult(mode=mode_name, grid=dataclasses.asdict(grid), machine=machine_record(),
+                        elapsed_s=time.perf_counter() - started,
+                        resumed_configurations=len(done), rows=rows, roofline=line,
+                        peers=peer_rows, peak_memory_kind=memory_kind, peak_memory_bytes=memory)
+    write_suite(suite, name)
     progress.unlink(missing_ok=True)
 
 

@@ -31,7 +31,14 @@ from flax import nnx
 
 import specjax
 import specjax_models
-from benchmarks.common import block, machine_record, median, timed, write_results
+from benchmarks.common import (
+    block,
+    machine_record,
+    median,
+    sampling_modes,
+    timed,
+    write_results,
+)
 from specjax import analysis
 from specjax.timing import forward_timer, step_costs
 
@@ -84,7 +91,7 @@ def main():
     target, draft, make_prompts, description = PAIRS[args.pair]()
     print(description, flush=True)
     rng = np.random.default_rng(0)
-    samplings = {"greedy": specjax.GREEDY, "t=1": specjax.SamplingConfig(temperature=1.0)}
+    samplings = sampling_modes()
     rows = []
     for batch in args.batches:
         prompts = make_prompts(batch, rng)

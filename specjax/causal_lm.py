@@ -51,12 +51,17 @@ class _NnxFullForward:
         return logits
 
 
-@jax.tree_util.register_pytree_node_class
+def _static(**kwargs):
+    return dataclasses.field(metadata={"static": True}, **kwargs)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class CausalLM:
     """A causal language model as params + pure functions (DESIGN.md section 3).
 
     Args:
-      params: pytree of arrays.
+      params: pytree of arrays (the only pytree leaves of a CausalLM).
       apply_fn: `apply_fn(params, tokens[B,T], positions[B,T], cache, cache_lengths[B],
         new_mask[B,T,T] | None) -> (logits f32[B,T,V], hidden[B,T,D], cache)`. It writes the
         new tokens' keys/values at slots `cache_lengths[b] + t` and attends to slots below
@@ -67,35 +72,23 @@ class CausalLM:
       full_forward_fn: optional `(params, tokens[B,T]) -> logits f32[B,T,V]` without a
         cache; by default `logits` runs `apply_fn` on a fresh cache.
 
-    The functions must be hashable and compare equal when they compute the same thing
-    (module-level functions or frozen dataclasses), so that jit can reuse compilations.
+    The functions are static (jit's cache key): they must be hashable and compare equal
+    when they compute the same thing (module-level functions or frozen dataclasses), so
+    that two CausalLMs with equal static parts share one compilation.
     """
 
-    def __init__(self, params, apply_fn: ApplyFn, init_cache_fn: Callable, *, vocab_size: int,
-                 max_seq_len: int | None = None, full_forward_fn: Callable | None = None):
-        if not isinstance(vocab_size, int) or vocab_size < 1:
-            raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
-        self.params = params
-        self.apply_fn = apply_fn
-        self.init_cache_fn = init_cache_fn
-        self.vocab_size = vocab_size
-        self.max_seq_len = max_seq_len
-        self.full_forward_fn = full_forward_fn
+    params: Any
+    apply_fn: ApplyFn = _static()
+    init_cache_fn: Callable = _static()
+    _: dataclasses.KW_ONLY
+    vocab_size: int = _static()
+    max_seq_len: int | None = _static(default=None)
+    full_forward_fn: Callable | None = _static(default=None)
 
-    # -- pytree protocol: params are the children, everything else is static.
-    def tree_flatten(self):
-        static = (self.apply_fn, self.init_cache_fn, self.vocab_size, self.max_seq_len,
-                  self.full_forward_fn)
-        return (self.params,), static
-
-    @classmethod
-    def tree_unflatten(cls, static, children):
-        apply_fn, init_cache_fn, vocab_size, max_seq_len, full_forward_fn = static
-        lm = object.__new__(cls)
-        lm.params = children[0]
-        lm.apply_fn, lm.init_cache_fn = apply_fn, init_cache_fn
-        lm.vocab_size, lm.max_seq_len, lm.full_forward_fn = vocab_size, max_seq_len, full_forward_fn
-        return lm
+    def __post_init__(self):
+        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) \
+                or self.vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive int, got {self.vocab_size!r}")
 
     @classmethod
     def from_nnx(cls, module: nnx.Module) -> CausalLM:
@@ -138,8 +131,7 @@ class CausalLM:
 
     def with_params(self, params) -> CausalLM:
         """The same model with other parameters (e.g. cast to another dtype)."""
-        return CausalLM(params, self.apply_fn, self.init_cache_fn, vocab_size=self.vocab_size,
-                        max_seq_len=self.max_seq_len, full_forward_fn=self.full_forward_fn)
+        return dataclasses.replace(self, params=params)
 
     def __repr__(self):
         num = sum(getattr(x, "size", 0) for x in jax.tree.leaves(self.params))

@@ -143,7 +143,7 @@ def _demo_speed(target, draft, prompt_ids, args, sampling, key) -> None:
     plain_run = lambda ids, n: lambda: specjax.generate(
         target, [ids], max_new_tokens=n, sampling=sampling, key=key, cache_size=capacity)
     totals = {"spec": 0.0, "plain": 0.0, "spec_first": 0.0, "plain_first": 0.0}
-    tokens = first_tokens = accepted = proposed = emitted = forwards = 0
+    runs, first_tokens = [], 0
     for ids in prompt_ids:
         out, _, spec_s, plain_s = _timed_pair(spec_run(ids, args.max_new_tokens),
                                               plain_run(ids, args.max_new_tokens), args.reps)
@@ -153,24 +153,22 @@ def _demo_speed(target, draft, prompt_ids, args, sampling, key) -> None:
         totals["plain"] += plain_s
         totals["spec_first"] += spec_first_s
         totals["plain_first"] += plain_first_s
-        tokens += int(out.lengths[0])
+        runs.append(out.stats)
         # The first speculative step commits accepted + 1 tokens (the 1-token run cuts it).
         first_tokens += min(int(first.stats.accepted[0]) + 1, int(out.lengths[0]))
-        accepted += int(out.stats.accepted.sum())
-        proposed += int(out.stats.proposed.sum())
-        emitted += int(out.stats.emitted.sum())
-        forwards += int(out.stats.target_forwards.sum())
+    stats = specjax.SpeculativeStats.merge(runs)
+    tokens = int(stats.emitted.sum())
     end_to_end = totals["plain"] / totals["spec"]
-    plain_decode = (totals["plain"] - totals["plain_first"]) / max(tokens - 1, 1)
+    plain_decode = (totals["plain"] - totals["plain_first"]) / max(tokens - len(runs), 1)
     spec_decode = (totals["spec"] - totals["spec_first"]) / max(tokens - first_tokens, 1)
     decode = plain_decode / spec_decode
-    tau = emitted / max(forwards, 1)
+    tau = stats.mean_accepted_length
     costs = step_costs(target, draft, 1, [k], reps=args.reps, cache_slots=capacity,
                        position=int(lengths.mean()) + args.max_new_tokens // 2)
     c = costs["draft"] / costs["target"]
     v = costs[k + 1] / costs["target"]
     ideal = tau / (k * c + v)
-    print(f"[speed] acceptance rate {accepted / max(proposed, 1):.2f}; tau (mean tokens per "
+    print(f"[speed] acceptance rate {stats.acceptance_rate:.2f}; tau (mean tokens per "
           f"target forward) {tau:.2f}; K = {k}; batch 1; median of {args.reps} alternating "
           "runs, compile excluded.")
     print(f"[speed] decode phase: {decode:.2f}x. After the first token, speculative decoding "

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import Array
+from jaxtyping import Bool, Int, Key
 
 from specjax.causal_lm import CausalLM, prefill
 from specjax.inputs import check_pad_id, prepare_batch, resolve_key
@@ -35,22 +36,23 @@ class DecodeState:
     done: bool [B]. key: the one PRNG key, split at the top of every step.
     """
 
-    output: Array
-    num_generated: Array
-    last_token: Array
+    output: Int[Array, "B N"]
+    num_generated: Int[Array, " B"]
+    last_token: Int[Array, " B"]
     cache: Any
-    cache_lengths: Array
-    done: Array
-    key: Array
+    cache_lengths: Int[Array, " B"]
+    done: Bool[Array, " B"]
+    key: Key[Array, ""]
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class GenerateOutput:
     """`tokens` int32 [B, max_new_tokens] (generated only, `pad_id` after the end, an EOS
     that ended a row included) and `lengths` int32 [B]."""
 
-    tokens: Array
-    lengths: Array
+    tokens: Int[Array, "B N"]
+    lengths: Int[Array, " B"]
 
 
 @functools.partial(jax.jit, static_argnames=("capacity",))

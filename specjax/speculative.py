@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
+from jaxtyping import Bool, Int, Key
 
 from specjax.causal_lm import CausalLM
 from specjax.drafters.base import Commit, DraftContext, Proposal
@@ -54,24 +55,24 @@ class SpeculativeState:
     forwards run for the batch.
     """
 
-    sequence: Array
-    lengths: Array
-    prompt_lengths: Array
+    sequence: Int[Array, "B S"]
+    lengths: Int[Array, " B"]
+    prompt_lengths: Int[Array, " B"]
     target_cache: Any
     drafter_state: Any
-    done: Array
-    key: Array
-    max_new_tokens: Array
-    eos_ids: Array
-    target_forwards: Array
-    draft_forwards: Array
-    proposed: Array
-    checked: Array
-    accepted: Array
-    accepted_per_position: Array
-    step_accepted: Array
-    step_emitted: Array
-    num_steps: Array
+    done: Bool[Array, " B"]
+    key: Key[Array, ""]
+    max_new_tokens: Int[Array, ""]
+    eos_ids: Int[Array, " E"]
+    target_forwards: Int[Array, " B"]
+    draft_forwards: Int[Array, " B"]
+    proposed: Int[Array, " B"]
+    checked: Int[Array, " B"]
+    accepted: Int[Array, " B"]
+    accepted_per_position: Int[Array, "B K"]
+    step_accepted: Int[Array, " B"]
+    step_emitted: Int[Array, " B"]
+    num_steps: Int[Array, ""]
 
     @property
     def num_generated(self) -> Array:

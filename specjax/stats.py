@@ -21,7 +21,8 @@ class SpeculativeStats:
       correction token; plain AR = 1.0).
     accepted_per_position [K]: fraction of verify steps whose draft j was accepted.
     target_forwards / draft_forwards: per row, while the row was running (prefill
-    excluded); num_steps: batched verify forwards run.
+    excluded); emitted / proposed / accepted / checked: per-row counts; num_steps:
+    batched verify forwards run.
     """
 
     acceptance_rate: float
@@ -33,32 +34,61 @@ class SpeculativeStats:
     emitted: np.ndarray
     proposed: np.ndarray
     accepted: np.ndarray
+    checked: np.ndarray
     row_acceptance_rate: np.ndarray
     row_mean_accepted_length: np.ndarray
     row_accepted_per_position: np.ndarray
     num_steps: int
 
     @classmethod
-    def from_state(cls, state) -> SpeculativeStats:
-        host = jax.device_get
-        proposed = np.asarray(host(state.proposed))
-        accepted = np.asarray(host(state.accepted))
-        forwards = np.asarray(host(state.target_forwards))
-        emitted = np.asarray(host(state.lengths - state.prompt_lengths))
-        per_pos = np.asarray(host(state.accepted_per_position))
+    def from_counts(cls, *, proposed, accepted, checked, emitted, target_forwards,
+                    draft_forwards, accepted_per_position, num_steps: int) -> SpeculativeStats:
+        """Stats from per-row counts (numpy [B]; accepted_per_position [B, K])."""
+        proposed, accepted, checked, emitted, forwards, per_pos = (
+            np.asarray(x) for x in (proposed, accepted, checked, emitted, target_forwards,
+                                    accepted_per_position))
         safe = lambda n: np.maximum(n, 1)
         return cls(
             acceptance_rate=float(accepted.sum() / max(proposed.sum(), 1)),
-            position_acceptance_rate=float(accepted.sum()
-                                           / max(np.asarray(host(state.checked)).sum(), 1)),
+            position_acceptance_rate=float(accepted.sum() / max(checked.sum(), 1)),
             mean_accepted_length=float(emitted.sum() / max(forwards.sum(), 1)),
             accepted_per_position=per_pos.sum(0) / max(forwards.sum(), 1),
-            target_forwards=forwards, draft_forwards=np.asarray(host(state.draft_forwards)),
-            emitted=emitted, proposed=proposed, accepted=accepted,
+            target_forwards=forwards, draft_forwards=np.asarray(draft_forwards),
+            emitted=emitted, proposed=proposed, accepted=accepted, checked=checked,
             row_acceptance_rate=accepted / safe(proposed),
             row_mean_accepted_length=emitted / safe(forwards),
             row_accepted_per_position=per_pos / safe(forwards)[:, None],
-            num_steps=int(host(state.num_steps)))
+            num_steps=int(num_steps))
+
+    @classmethod
+    def from_state(cls, state) -> SpeculativeStats:
+        """The stats of a (finished) `SpeculativeState`."""
+        host = jax.device_get(
+            (state.proposed, state.accepted, state.checked, state.lengths - state.prompt_lengths,
+             state.target_forwards, state.draft_forwards, state.accepted_per_position,
+             state.num_steps))
+        names = ("proposed", "accepted", "checked", "emitted", "target_forwards",
+                 "draft_forwards", "accepted_per_position", "num_steps")
+        return cls.from_counts(**dict(zip(names, host, strict=True)))
+
+    @classmethod
+    def merge(cls, parts: list[SpeculativeStats]) -> SpeculativeStats:
+        """The stats of several runs together (their rows side by side), e.g. one prompt
+        per run at batch 1. The runs must share K."""
+        if not parts:
+            raise ValueError("merge needs at least one SpeculativeStats")
+        widths = {p.row_accepted_per_position.shape[1] for p in parts}
+        if len(widths) != 1:
+            raise ValueError(f"cannot merge stats of different K: {sorted(widths)}")
+        join = lambda name: np.concatenate([getattr(p, name) for p in parts])
+        per_pos = np.concatenate([p.row_accepted_per_position * p.target_forwards[:, None]
+                                  for p in parts])
+        return cls.from_counts(
+            proposed=join("proposed"), accepted=join("accepted"), checked=join("checked"),
+            emitted=join("emitted"), target_forwards=join("target_forwards"),
+            draft_forwards=join("draft_forwards"),
+            accepted_per_position=np.rint(per_pos).astype(np.int64),
+            num_steps=sum(p.num_steps for p in parts))
 
     def as_dict(self) -> dict:
         out = {}

@@ -3,9 +3,9 @@
 import jax
 import numpy as np
 import pytest
-from helpers import unigram_lm
 
 from specjax import DraftModel, SamplingConfig, analysis, speculative_generate
+from specjax.testing import unigram_lm
 
 
 def test_expected_tokens_formula_and_limits():

@@ -59,3 +59,24 @@ def test_bundled_pair_is_trained_and_agrees(bundled_pair):
     logp = jax.nn.log_softmax(target.logits(np.array([prompt]))[0, :-1], axis=-1)
     nll = -np.take_along_axis(np.asarray(logp), np.array(prompt[1:])[:, None], axis=1).mean()
     assert nll / np.log(2) < 2.0
+
+
+def test_dtypes_are_accepted_as_strings_or_jnp_types_and_first_layers_takes_a_causal_lm():
+    import jax.numpy as jnp
+
+    by_name = specjax_models.load_bundled("draft", dtype="bfloat16")
+    by_type = specjax_models.load_bundled("draft", dtype=jnp.bfloat16)
+    leaves = jax.tree.leaves(by_type.params)
+    assert {x.dtype for x in leaves} == {jnp.dtype(jnp.bfloat16)}
+    for a, b in zip(jax.tree.leaves(by_name.params), leaves, strict=True):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    with pytest.raises(ValueError, match="dtype 'int8' is not supported"):
+        specjax_models.load_bundled("draft", dtype="int8")
+    full = specjax_models.load_bundled("draft")
+    shallow = specjax_models.first_layers(full, 1)  # a CausalLM in, a CausalLM out
+    assert isinstance(shallow, specjax.CausalLM)
+    assert len(jax.tree.leaves(shallow.params)) < len(jax.tree.leaves(full.params))
+    out = specjax.speculative_generate(full, shallow, [[65, 66, 67]], max_new_tokens=8,
+                                       num_draft_tokens=2, sampling=specjax.GREEDY)
+    plain = specjax.generate(full, [[65, 66, 67]], max_new_tokens=8, sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(out.tokens, plain.tokens)

@@ -4,11 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import chi_square_pvalue, enumerate_joint, plus_one_lm
 
-import specjax
 from specjax import GREEDY, SamplingConfig, generate
 from specjax.generate import _decode_loop, _init_state
+from specjax.testing import chi_square_pvalue, enumerate_joint, plus_one_lm
 
 
 def test_plus_one_model_ragged_prompts_eos_and_padding():
@@ -138,19 +137,14 @@ def test_bad_inputs_are_refused_before_tracing(tiny_lm, kwargs, error, message):
         generate(tiny_lm, prompts, **call)
 
 
-def test_invalid_sampling_settings_are_refused_at_construction():
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
-        generate(None, [[1]], max_new_tokens=1, sampling=SamplingConfig(temperature=-1.0))
+def test_a_sampling_that_is_not_a_sampling_config_is_refused(tiny_lm):
+    with pytest.raises(TypeError, match="sampling must be a specjax.SamplingConfig"):
+        generate(tiny_lm, [[1]], max_new_tokens=1, sampling={"temperature": 0.5})
 
 
 def test_non_causal_lm_is_refused():
     with pytest.raises(TypeError, match="CausalLM.from_nnx"):
         generate(object(), [[1]], max_new_tokens=1, sampling=GREEDY)
-
-
-def test_public_api_names():
-    for name in ["CausalLM", "SamplingConfig", "generate", "warp_logits", "probabilities"]:
-        assert hasattr(specjax, name)
 
 
 # ---------------------------------------------------------------- adversarial edge cases

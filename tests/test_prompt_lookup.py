@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import chi_square_pvalue, enumerate_joint
 
 from specjax import GREEDY, PromptLookup, SamplingConfig, generate, speculative_generate
+from specjax.testing import chi_square_pvalue, enumerate_joint
 
 
 def _lookup(rows, k, capacity=24, junk=7, **kwargs):

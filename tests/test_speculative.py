@@ -1,6 +1,7 @@
 """specjax.speculative: exactness (greedy equality, chi-square of 3-token joints), edge
 cases, stats, reproducibility, compilation and errors, all at batch > 1."""
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -10,11 +11,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import build_lm
-from helpers import chi_square_pvalue, enumerate_joint, perturbed, table_lm, unigram_lm
 
 import specjax
 from specjax import GREEDY, DraftModel, SamplingConfig, generate, speculative_generate
 from specjax.speculative_decoding import _speculative_loop
+from specjax.testing import (
+    chi_square_pvalue,
+    enumerate_joint,
+    perturbed,
+    speculative_joint_pvalue,
+    table_lm,
+    unigram_lm,
+)
 
 PROMPTS = [[1, 2, 3, 4], [7, 7], [30, 2, 5, 9, 11, 3], [4]]
 
@@ -82,13 +90,9 @@ def micro_drafts(micro_lm):
 
 
 def _joint_pvalue(target, draft, sampling, num_draft_tokens, seed, *, method="sample"):
-    out = speculative_generate(target, DraftModel(draft, method) if method else draft,
-                               [STAT_PROMPT] * STAT_ROWS, max_new_tokens=3,
-                               num_draft_tokens=num_draft_tokens, sampling=sampling,
-                               key=jax.random.key(seed))
-    assert np.all(np.asarray(out.lengths) == 3)
-    joint = enumerate_joint(target, STAT_PROMPT, 3, sampling)
-    return chi_square_pvalue(np.asarray(out.tokens), joint), out
+    return speculative_joint_pvalue(target, DraftModel(draft, method) if method else draft,
+                                    STAT_PROMPT, sampling, num_draft_tokens=num_draft_tokens,
+                                    rows=STAT_ROWS, seed=seed)
 
 
 @pytest.mark.parametrize("sampling", [
@@ -281,7 +285,6 @@ def test_padded_vocab_pair_matches_greedy_generate(tiny_lm):
     spec = speculative_generate(tiny_lm, DraftModel(small, max_vocab_padding=8), PROMPTS,
                                 max_new_tokens=12, num_draft_tokens=3, sampling=GREEDY)
     np.testing.assert_array_equal(spec.tokens, plain.tokens)
-    assert specjax.speculative_generate is speculative_generate
 
 
 # ---------------------------------------------------------------- adversarial edge cases
@@ -302,25 +305,31 @@ def test_a_step_whose_k_differs_from_the_states_is_refused(tiny_lm, close_draft)
     assert int(state.num_steps) == 1
 
 
-@jax.tree_util.register_pytree_node_class
-class _NarrowQ(specjax.PromptLookup):
-    """A user drafter that returns q over fewer ids than the target's vocabulary."""
+class _BrokenProposal(specjax.PromptLookup):
+    """A user drafter whose proposals break the contract in the way `mangle` says."""
 
     def propose(self, state, context, key, *, num_draft_tokens, sampling, vocab_size):
         state, proposal = super().propose(state, context, key,
                                           num_draft_tokens=num_draft_tokens,
                                           sampling=sampling, vocab_size=vocab_size)
-        return state, specjax.drafters.Proposal(tokens=proposal.tokens,
-                                                q=proposal.q[..., : vocab_size - 4])
+        return state, self.mangle(proposal, vocab_size)
 
 
-@jax.tree_util.register_pytree_node_class
-class _FlatTokens(specjax.PromptLookup):
-    def propose(self, state, context, key, *, num_draft_tokens, sampling, vocab_size):
-        state, proposal = super().propose(state, context, key,
-                                          num_draft_tokens=num_draft_tokens,
-                                          sampling=sampling, vocab_size=vocab_size)
-        return state, specjax.drafters.Proposal(tokens=proposal.tokens[:, 0], q=proposal.q)
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _NarrowQ(_BrokenProposal):
+    """q over fewer ids than the target's vocabulary."""
+
+    def mangle(self, proposal, vocab_size):
+        return specjax.drafters.Proposal(tokens=proposal.tokens,
+                                         q=proposal.q[..., : vocab_size - 4])
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _FlatTokens(_BrokenProposal):
+    def mangle(self, proposal, vocab_size):
+        return specjax.drafters.Proposal(tokens=proposal.tokens[:, 0], q=proposal.q)
 
 
 @pytest.mark.parametrize("drafter, message", [

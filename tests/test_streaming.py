@@ -3,10 +3,10 @@
 import jax
 import numpy as np
 import pytest
-from helpers import perturbed
 
 from specjax import SamplingConfig, speculative_generate, speculative_stream
 from specjax.speculative import jitted_step
+from specjax.testing import perturbed
 
 PROMPTS = [[1, 2, 3, 4], [7, 7], [30, 2, 5]]
 

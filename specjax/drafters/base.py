@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import jax
 from jax import Array
+from jaxtyping import Bool, Float, Int
 
 from specjax.causal_lm import CausalLM
 from specjax.sampling import SamplingConfig
@@ -31,8 +32,8 @@ class DraftContext:
     """What every drafter may read: `sequence` int32 [B, S] holds each row's committed
     tokens (prompt then generated) in slots `[0, lengths[b])`; later slots are scratch."""
 
-    sequence: Array
-    lengths: Array
+    sequence: Int[Array, "B S"]
+    lengths: Int[Array, " B"]
 
 
 @jax.tree_util.register_dataclass
@@ -45,8 +46,8 @@ class Proposal:
     exactly that distribution, over the TARGET's vocabulary.
     """
 
-    tokens: Array
-    q: Array
+    tokens: Int[Array, "B K"]
+    q: Float[Array, "B K V"]
 
 
 @jax.tree_util.register_dataclass
@@ -62,12 +63,12 @@ class Commit:
     rows that took part in the step.
     """
 
-    old_lengths: Array
-    new_lengths: Array
-    num_accepted: Array
-    sequence: Array
-    target_hidden: Array
-    active: Array
+    old_lengths: Int[Array, " B"]
+    new_lengths: Int[Array, " B"]
+    num_accepted: Int[Array, " B"]
+    sequence: Int[Array, "B S"]
+    target_hidden: Float[Array, "B K+1 D"]
+    active: Bool[Array, " B"]
 
 
 class Drafter(Protocol):

@@ -48,7 +48,8 @@ def fit_vocab(logits_BV: Array, vocab_size: int) -> Array:
     return logits_BV
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
 class DraftModel:
     """Draft with a smaller causal LM that shares the target's tokenizer.
 
@@ -62,29 +63,21 @@ class DraftModel:
     zero draft probability, ids only the draft has are never drafted, and target tokens
     the draft lacks are fed to it as its last id (only draft quality changes). A larger
     difference than `max_vocab_padding` means different tokenizers and is refused.
+
+    A pytree: the draft's parameters are its leaves, `method` and `max_vocab_padding`
+    static.
     """
 
-    def __init__(self, lm: CausalLM, method: str = "sample", *, max_vocab_padding: int = 1024):
-        if not isinstance(lm, CausalLM):
-            raise TypeError(f"DraftModel needs a specjax.CausalLM, got {type(lm).__name__}")
-        if method not in DRAFT_METHODS:
-            raise ValueError(f"method must be one of {DRAFT_METHODS}, got {method!r}")
-        self.lm = lm
-        self.method = method
-        self.max_vocab_padding = max_vocab_padding
+    lm: CausalLM
+    method: str = dataclasses.field(default="sample", metadata={"static": True})
+    _: dataclasses.KW_ONLY
+    max_vocab_padding: int = dataclasses.field(default=1024, metadata={"static": True})
 
-    def tree_flatten(self):
-        return (self.lm,), (self.method, self.max_vocab_padding)
-
-    @classmethod
-    def tree_unflatten(cls, static, children):
-        drafter = object.__new__(cls)
-        drafter.lm = children[0]
-        drafter.method, drafter.max_vocab_padding = static
-        return drafter
-
-    def __repr__(self):
-        return f"DraftModel({self.lm!r}, method={self.method!r})"
+    def __post_init__(self):
+        if not isinstance(self.lm, CausalLM):
+            raise TypeError(f"DraftModel needs a specjax.CausalLM, got {type(self.lm).__name__}")
+        if self.method not in DRAFT_METHODS:
+            raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
 
     # -- host-side checks ----------------------------------------------------------------
     def check(self, target: CausalLM, sampling: SamplingConfig) -> None:

@@ -17,6 +17,8 @@ pays for every row anyway.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from jax import Array
@@ -26,31 +28,25 @@ from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.sampling import SamplingConfig
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class PromptLookup:
-    """Draft by n-gram lookup in the row's own tokens (prompt and everything generated)."""
+    """Draft by n-gram lookup in the row's own tokens (prompt and everything generated).
 
-    def __init__(self, max_ngram_size: int = 3, min_ngram_size: int = 1):
-        for name, value in (("max_ngram_size", max_ngram_size),
-                            ("min_ngram_size", min_ngram_size)):
+    A pytree with no leaves: both settings are static.
+    """
+
+    max_ngram_size: int = dataclasses.field(default=3, metadata={"static": True})
+    min_ngram_size: int = dataclasses.field(default=1, metadata={"static": True})
+
+    def __post_init__(self):
+        for name in ("max_ngram_size", "min_ngram_size"):
+            value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if min_ngram_size > max_ngram_size:
-            raise ValueError(f"min_ngram_size ({min_ngram_size}) exceeds max_ngram_size "
-                             f"({max_ngram_size})")
-        self.max_ngram_size = max_ngram_size
-        self.min_ngram_size = min_ngram_size
-
-    def tree_flatten(self):
-        return (), (self.max_ngram_size, self.min_ngram_size)
-
-    @classmethod
-    def tree_unflatten(cls, static, children):
-        return cls(*static)
-
-    def __repr__(self):
-        return (f"PromptLookup(max_ngram_size={self.max_ngram_size}, "
-                f"min_ngram_size={self.min_ngram_size})")
+        if self.min_ngram_size > self.max_ngram_size:
+            raise ValueError(f"min_ngram_size ({self.min_ngram_size}) exceeds max_ngram_size "
+                             f"({self.max_ngram_size})")
 
     def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
         """Any target works: drafts are token ids copied from the row itself."""

@@ -1,0 +1,164 @@
+"""Test harness for exactness, public so that users' own drafters can be checked the way
+specjax checks its own.
+
+- Toy models (`plus_one_lm`, `table_lm`, `unigram_lm`) whose behaviour is known exactly,
+  and `perturbed` copies of a model (a draft close to its target).
+- `enumerate_joint`: the exact joint distribution of the next few tokens under the warped
+  target distribution, from no-cache full forwards (an independent path from the
+  incremental decoders under test).
+- `chi_square_pvalue`: Pearson's test of sampled token tuples against an exact joint.
+- `speculative_joint_pvalue`: both together for a (target, drafter, sampling) triple,
+  thousands of rows in one batched, jitted call.
+
+    import specjax, specjax.testing as st
+    pvalue, out = st.speculative_joint_pvalue(target, MyDrafter(), [1, 2, 3],
+                                              specjax.SamplingConfig(temperature=1.0))
+    assert pvalue > 1e-3   # and a deliberately wrong drafter fails it
+
+Needs only JAX and numpy: the chi-square tail comes from `jax.scipy.special.gammaincc`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.causal_lm import CausalLM
+from specjax.sampling import SamplingConfig, probabilities
+from specjax.speculative_decoding import SpeculativeOutput, speculative_generate
+
+# ------------------------------------------------------------------------- toy models
+
+
+@dataclasses.dataclass(frozen=True)
+class PlusOneApply:
+    """Toy model whose next token is always `(current + 1) % vocab`, with certainty."""
+
+    vocab: int
+
+    def __call__(self, params, tokens, positions, cache, cache_lengths, new_mask=None):
+        logits = 20.0 * jax.nn.one_hot((tokens + 1) % self.vocab, self.vocab)
+        hidden = tokens[..., None].astype(jnp.float32) + 0.0 * params["unused"][0]
+        return logits.astype(jnp.float32), hidden, cache
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenCache:
+    """A 'cache' that records nothing but has the contract's shape: `[B, max_len]`."""
+
+    def __call__(self, params, batch, max_len):
+        return jnp.full((batch, max_len), -1, jnp.int32)
+
+
+def plus_one_lm(vocab: int = 16, max_seq_len: int | None = 256) -> CausalLM:
+    """A CausalLM whose greedy continuation of token t is t+1, t+2, ... (mod vocab)."""
+    return CausalLM({"unused": jnp.zeros((1,), jnp.float32)}, PlusOneApply(vocab),
+                    TokenCache(), vocab_size=vocab, max_seq_len=max_seq_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableApply:
+    """Bigram model: the next-token logits are `params["table"][current token]`."""
+
+    def __call__(self, params, tokens, positions, cache, cache_lengths, new_mask=None):
+        logits = jnp.take(params["table"], tokens, axis=0).astype(jnp.float32)
+        return logits, logits, cache
+
+
+def table_lm(table) -> CausalLM:
+    """A bigram CausalLM from a `[V_in, V_out]` logits table (-inf puts zero mass)."""
+    table = jnp.asarray(table, jnp.float32)
+    return CausalLM({"table": table}, TableApply(), TokenCache(),
+                    vocab_size=int(table.shape[1]), max_seq_len=None)
+
+
+def unigram_lm(logits, vocab_rows: int | None = None) -> CausalLM:
+    """A context-free CausalLM (i.i.d. tokens); `vocab_rows` is the input vocabulary
+    (default: the output's)."""
+    logits = np.asarray(logits, np.float32)
+    rows = vocab_rows or logits.shape[0]
+    return table_lm(np.tile(logits[None], (rows, 1)))
+
+
+def perturbed(lm: CausalLM, scale: float, seed: int) -> CausalLM:
+    """The same architecture with every weight nudged by relative Gaussian noise."""
+    leaves, treedef = jax.tree.flatten(lm.params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    noisy = [x * (1 + scale * jax.random.normal(k, x.shape, x.dtype))
+             for x, k in zip(leaves, keys, strict=True)]
+    return lm.with_params(jax.tree.unflatten(treedef, noisy))
+
+
+# ------------------------------------------------------------------ exact distributions
+
+
+def enumerate_joint(lm: CausalLM, prompt: list[int], num_tokens: int,
+                    sampling: SamplingConfig) -> np.ndarray:
+    """Exact joint distribution `[V] * num_tokens` (float64) of the next tokens after
+    `prompt` under `sampling`, from no-cache full forwards and the library's warper.
+    Costs V^(num_tokens - 1) forwards of the prompt's length: for tiny vocabularies."""
+    vocab = lm.vocab_size
+    joint = np.ones((1,), np.float64)
+    for depth in range(num_tokens):
+        prefixes = list(itertools.product(range(vocab), repeat=depth))
+        sequences = jnp.asarray([list(prompt) + list(p) for p in prefixes], jnp.int32)
+        logits = lm.logits(sequences)[:, -1]
+        conditional = np.asarray(probabilities(logits, sampling), np.float64)
+        conditional /= conditional.sum(-1, keepdims=True)
+        joint = (joint[:, None] * conditional).reshape(-1)
+    return joint.reshape((vocab,) * num_tokens)
+
+
+def chi_square_pvalue(samples_NL, expected_joint: np.ndarray,
+                      min_expected: float = 5.0) -> float:
+    """Pearson chi-square p-value of N sampled token tuples `[N, L]` against an exact
+    joint `[V] * L`.
+
+    Cells with expected count below `min_expected` are pooled into one cell (so the
+    asymptotic chi-square law holds). A sample in a zero-probability cell returns 0.0.
+    """
+    samples_NL = np.asarray(samples_NL)
+    num, length = samples_NL.shape
+    vocab = expected_joint.shape[0]
+    if expected_joint.shape != (vocab,) * length:
+        raise ValueError(f"expected_joint has shape {expected_joint.shape}; samples of "
+                         f"length {length} need {(vocab,) * length}")
+    flat_index = np.ravel_multi_index(tuple(samples_NL.T), (vocab,) * length)
+    observed = np.bincount(flat_index, minlength=vocab**length).astype(np.float64)
+    probs = expected_joint.reshape(-1) / expected_joint.sum()
+    if np.any(observed[probs == 0] > 0):
+        return 0.0
+    expected = probs * num
+    big = expected >= min_expected
+    obs = np.concatenate([observed[big], [observed[~big].sum()]])
+    exp = np.concatenate([expected[big], [expected[~big].sum()]])
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    statistic = float(np.sum((obs - exp) ** 2 / exp))
+    dof = len(obs) - 1
+    if dof < 1:
+        return 1.0
+    # The chi-square survival function: Q(dof / 2, statistic / 2).
+    return float(jax.scipy.special.gammaincc(dof / 2.0, statistic / 2.0))
+
+
+def speculative_joint_pvalue(target: CausalLM, drafter, prompt: list[int],
+                             sampling: SamplingConfig, *, num_draft_tokens: int = 2,
+                             rows: int = 30_000, num_tokens: int = 3,
+                             seed: int = 0) -> tuple[float, SpeculativeOutput]:
+    """Chi-square p-value of the first `num_tokens` tokens that speculative decoding with
+    `drafter` (a CausalLM or any drafter) generates after `prompt`, over `rows` rows in
+    one batched call, against the target's exactly enumerated joint. Returns the p-value
+    and the output (its stats show that speculation happened: acceptance in (0, 1))."""
+    out = speculative_generate(target, drafter, [list(prompt)] * rows,
+                               max_new_tokens=num_tokens, num_draft_tokens=num_draft_tokens,
+                               sampling=sampling, key=jax.random.key(seed))
+    if not np.all(np.asarray(out.lengths) == num_tokens):
+        raise ValueError("a row ended early (an EOS?); the joint needs every row to produce "
+                         f"{num_tokens} tokens: pass no eos_id")
+    joint = enumerate_joint(target, prompt, num_tokens, sampling)
+    return chi_square_pvalue(np.asarray(out.tokens), joint), out

@@ -1,0 +1,27 @@
+"""Training a CausalLM with optax: next-token pre-training and draft distillation.
+
+Both work on any `specjax.CausalLM` (gradients flow through its pure forward), so this
+module needs no model code. Runs are reproducible and resumable: the batch of step s is
+a pure function of (seed, s), and orbax checkpoints hold the parameters, the optimizer
+state and the step, so an interrupted run restarts from its latest checkpoint and
+continues exactly as if it had not stopped.
+
+Distillation follows DistillSpec (Zhou et al. 2023, arXiv 2310.08461): the draft is
+trained to match the target's token distributions, under the forward KL divergence
+KL(p || q) or the total variation distance TV(p, q) = 1/2 sum |p - q| (1 - TV is the
+acceptance probability of speculative sampling, so TV is the loss that acceptance
+directly rewards), on corpus text or, on-policy, on text the draft itself generates.
+
+The package is split by concept: `config` (TrainConfig, DistillConfig), `losses`
+(next-token cross-entropy, DistillSpec divergences), `checkpoints` (orbax manager and the
+metrics history file, which together make a run resumable), `progress` (the live line)
+and `loop` (the shared optimisation loop, `train` and `distill`).
+"""
+
+from specjax.training.config import DIVERGENCES, DistillConfig, TrainConfig
+from specjax.training.loop import BatchFn, TrainResult, distill, train
+from specjax.training.losses import distill_loss, next_token_loss
+from specjax.training.progress import Progress
+
+__all__ = ["DIVERGENCES", "BatchFn", "DistillConfig", "Progress", "TrainConfig", "TrainResult",
+           "distill", "distill_loss", "next_token_loss", "train"]
