@@ -1,0 +1,146 @@
+"""Token trees: the shape of a multi-branch proposal (SpecInfer, Medusa, EAGLE, Sequoia).
+
+A proposal of N nodes per row is a tree in topological order: node i's parent is -1 (the
+last committed token, the root) or an earlier node; siblings are in draw order. A linear
+chain of K drafts is the tree with parents (-1, 0, 1, ..., K-2).
+
+`TreeShape` is a static tree (the same for every row), built from a list of paths of child
+ranks as Medusa and EAGLE-1 write them. The traced helpers (`tree_depths`,
+`ancestor_mask`, `children_table`) work per row on `parents[B, N]`, so dynamic trees
+(EAGLE-2, a different tree in every row) use the same verification.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from jax import Array
+from jaxtyping import Bool, Int
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeShape:
+    """A static tree of N nodes (frozen, hashable: a static jit argument).
+
+    parents: parent index of each node, -1 for a child of the root; a parent always comes
+      before its children. ranks: each node's position among its parent's children (its
+      draw order: rank r is the (r+1)-th child drawn or the (r+1)-th most probable).
+    """
+
+    parents: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+    def __post_init__(self):
+        if len(self.parents) != len(self.ranks) or not self.parents:
+            raise ValueError("a tree needs at least one node, and one rank per node")
+        seen: dict[int, list[int]] = {}
+        for node, (parent, rank) in enumerate(zip(self.parents, self.ranks, strict=True)):
+            if not -1 <= parent < node:
+                raise ValueError(f"node {node} has parent {parent}: parents must be -1 (the "
+                                 "root) or an earlier node (topological order)")
+            siblings = seen.setdefault(parent, [])
+            if rank != len(siblings):
+                raise ValueError(f"node {node} has rank {rank} but is child number "
+                                 f"{len(siblings)} of its parent: list siblings in rank order")
+            siblings.append(node)
+
+    @classmethod
+    def chain(cls, num_draft_tokens: int) -> TreeShape:
+        """K drafts in a line (the classic speculative decoding proposal)."""
+        if num_draft_tokens < 1:
+            raise ValueError(f"a chain needs num_draft_tokens >= 1, got {num_draft_tokens}")
+        return cls(tuple(range(-1, num_draft_tokens - 1)), (0,) * num_draft_tokens)
+
+    @classmethod
+    def from_paths(cls, paths) -> TreeShape:
+        """A tree from paths of child ranks, e.g. `[[0], [1], [0, 0], [0, 1], [1, 0]]`: the
+        top two children of the root, the top two under the first, the top one under the
+        second. Missing prefixes are added (a path's ancestors are always in the tree).
+        Nodes are ordered by depth, then by path, so parents precede children and
+        siblings come in rank order."""
+        cleaned = set()
+        for path in paths:
+            path = tuple(int(r) for r in path)
+            if not path or min(path) < 0:
+                raise ValueError(f"a path is a non-empty list of ranks >= 0, got {path}")
+            for end in range(1, len(path) + 1):
+                cleaned.add(path[:end])
+        ordered = sorted(cleaned, key=lambda p: (len(p), p))
+        index = {path: i for i, path in enumerate(ordered)}
+        for path in ordered:  # ranks under one parent must be 0, 1, 2, ... without gaps
+            if path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in index:
+                raise ValueError(f"path {list(path)} has rank {path[-1]} but its sibling of "
+                                 f"rank {path[-1] - 1} is missing")
+        parents = tuple(index[p[:-1]] if len(p) > 1 else -1 for p in ordered)
+        return cls(parents, tuple(p[-1] for p in ordered))
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.parents)
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        """Depth of each node (children of the root have depth 1)."""
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return tuple(depths)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    @property
+    def max_branching(self) -> int:
+        return max(self.ranks) + 1
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents == tuple(range(-1, self.num_nodes - 1))
+
+    def parents_array(self, batch: int) -> Int[Array, "B N"]:
+        return jnp.broadcast_to(jnp.asarray(self.parents, jnp.int32), (batch, self.num_nodes))
+
+
+def tree_depths(parents_BN: Int[Array, "B N"]) -> Int[Array, "B N"]:
+    """Depth of every node per row (children of the root: 1), for topologically ordered
+    parents. N passes over [B, N]: trees are small (tens of nodes)."""
+    num_nodes = parents_BN.shape[1]
+    depths_BN = jnp.ones(parents_BN.shape, jnp.int32)
+    for _ in range(num_nodes - 1):  # static; depth can grow by one per pass
+        parent_depth_BN = jnp.take_along_axis(depths_BN, jnp.maximum(parents_BN, 0), axis=1)
+        depths_BN = jnp.where(parents_BN < 0, 1, parent_depth_BN + 1)
+    return depths_BN
+
+
+def ancestor_mask(parents_BN: Int[Array, "B N"]) -> Bool[Array, "B N+1 N+1"]:
+    """`mask[b, t, s]`: may token t of the verify input attend to token s? The input is the
+    root (the last committed token, index 0) then the N nodes (index i + 1); a token sees
+    itself and its ancestors, the root included. For a chain this is the causal mask."""
+    batch, num_nodes = parents_BN.shape
+    # Parent of each input index (the root's parent is itself).
+    parent_B1N = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), parents_BN + 1], axis=1)
+    size = num_nodes + 1
+    mask_BTS = jnp.broadcast_to(jnp.eye(size, dtype=bool), (batch, size, size))
+    ancestor_BT = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32), (batch, size))
+    for _ in range(num_nodes):  # walk up one level per pass; static
+        ancestor_BT = jnp.take_along_axis(parent_B1N, ancestor_BT, axis=1)
+        mask_BTS = mask_BTS | (jnp.arange(size)[None, None, :] == ancestor_BT[:, :, None])
+    return mask_BTS
+
+
+def children_table(parents_BN: Int[Array, "B N"], max_branching: int) -> Int[Array, "B N+1 M"]:
+    """`children[b, n, r]`: the node index of the child of rank r (draw order) of node n - 1
+    (n = 0 is the root), or -1. Ranks are the nodes' order among siblings."""
+    batch, num_nodes = parents_BN.shape
+    node_N = jnp.arange(num_nodes)
+    same_parent_BNN = parents_BN[:, :, None] == parents_BN[:, None, :]
+    earlier_NN = node_N[None, :] < node_N[:, None]
+    rank_BN = jnp.sum(same_parent_BNN & earlier_NN[None], axis=2).astype(jnp.int32)
+    table = jnp.full((batch, num_nodes + 1, max_branching), -1, jnp.int32)
+    rows_BN = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, num_nodes))
+    # Ranks past max_branching would be dropped (out of bounds): callers size the table
+    # with the tree's own max_branching.
+    return table.at[rows_BN, parents_BN + 1, rank_BN].set(
+        jnp.broadcast_to(node_N.astype(jnp.int32), (batch, num_nodes)), mode="drop")
