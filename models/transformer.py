@@ -187,6 +187,35 @@ class KVCache:
     def max_len(self) -> int:
         return self.keys[0].shape[3]
 
+    def compact(self, start_B: Array, sources_BD: Array) -> KVCache:
+        """Copy slot `sources[b, d]` to slot `start[b] + d`, in every layer and in the
+        positions: after a token-tree verify, the accepted path's entries move to the
+        contiguous slots that follow the committed ones. Sources are never below their
+        destinations (a path's nodes come in topological order), so gathering everything
+        first and writing after is safe. Entries past a row's accepted path are copied too
+        and stay masked (they lie beyond its length)."""
+        slots = self.max_len
+        sources_BD = jnp.clip(sources_BD, 0, slots - 1).astype(jnp.int32)
+
+        def move(cache_BXS: Array, slot_axis: int) -> Array:
+            shape = list(cache_BXS.shape)
+            shape[slot_axis] = sources_BD.shape[1]
+            gather = jnp.broadcast_to(
+                jnp.moveaxis(sources_BD.reshape(sources_BD.shape + (1,) * (cache_BXS.ndim - 2)),
+                             1, slot_axis), shape)
+            moved = jnp.take_along_axis(cache_BXS, gather, axis=slot_axis)
+
+            def write(row, new, start):
+                offsets = [0] * row.ndim
+                offsets[slot_axis - 1] = start
+                return jax.lax.dynamic_update_slice(row, new, offsets)
+
+            return jax.vmap(write)(cache_BXS, moved, start_B.astype(jnp.int32))
+
+        return KVCache(keys=tuple(move(k, 3) for k in self.keys),
+                       values=tuple(move(v, 2) for v in self.values),
+                       positions=move(self.positions, 1))
+
     @classmethod
     def create(cls, config: TransformerConfig, batch: int, max_len: int) -> KVCache:
         # The layouts the attention dots read as they are ([batch, M, K] x [batch, K, N]:
@@ -539,6 +568,10 @@ class Transformer(nnx.Module):
 
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         return KVCache.create(self.config, batch, max_len)
+
+    def compact_cache(self, cache: KVCache, start_B: Array, sources_BD: Array) -> KVCache:
+        """The CausalLM contract's compaction (see `KVCache.compact`)."""
+        return cache.compact(start_B, sources_BD)
 
     def __call__(self, tokens_BT: Array, positions_BT: Array, cache: KVCache | None = None,
                  cache_lengths_B: Array | None = None, new_mask_BTT: Array | None = None):

@@ -40,6 +40,14 @@ class _NnxInitCache:
 
 
 @dataclasses.dataclass(frozen=True)
+class _NnxCompact:
+    graphdef: Any
+
+    def __call__(self, params, cache, start_B, sources_BD):
+        return nnx.merge(self.graphdef, params).compact_cache(cache, start_B, sources_BD)
+
+
+@dataclasses.dataclass(frozen=True)
 class _NnxFullForward:
     """No-cache forward of an NNX module (`cache=None`): an independent code path."""
 
@@ -71,6 +79,10 @@ class CausalLM:
       max_seq_len: the longest sequence (prompt + generated) the model supports, or None.
       full_forward_fn: optional `(params, tokens[B,T]) -> logits f32[B,T,V]` without a
         cache; by default `logits` runs `apply_fn` on a fresh cache.
+      compact_fn: optional `(params, cache, start[B], sources[B, D]) -> cache` copying
+        slot `sources[b, d]` to slot `start[b] + d` (sources >= destinations): token trees
+        need it to move the accepted path into contiguous slots. Only the model knows its
+        cache layout; chains never call it.
 
     The functions are static (jit's cache key): they must be hashable and compare equal
     when they compute the same thing (module-level functions or frozen dataclasses), so
@@ -84,6 +96,7 @@ class CausalLM:
     vocab_size: int = _static()
     max_seq_len: int | None = _static(default=None)
     full_forward_fn: Callable | None = _static(default=None)
+    compact_fn: Callable | None = _static(default=None)
 
     def __post_init__(self):
         if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) \
@@ -111,9 +124,10 @@ class CausalLM:
         if jax.tree.leaves(other):
             raise ValueError("CausalLM.from_nnx supports modules whose state is only nnx.Param; "
                              f"this one also holds {nnx.to_pure_dict(other)!r}")
+        compact = _NnxCompact(graphdef) if hasattr(module, "compact_cache") else None
         return cls(params, _NnxApply(graphdef), _NnxInitCache(graphdef),
                    vocab_size=config.vocab_size, max_seq_len=getattr(config, "max_seq_len", None),
-                   full_forward_fn=_NnxFullForward(graphdef))
+                   full_forward_fn=_NnxFullForward(graphdef), compact_fn=compact)
 
     def apply(self, tokens_BT: Array, positions_BT: Array, cache, cache_lengths_B: Array,
               new_mask_BTT: Array | None = None):
@@ -124,6 +138,14 @@ class CausalLM:
     def init_cache(self, batch: int, max_len: int):
         """A fresh fixed-size cache for `batch` rows of at most `max_len` tokens."""
         return self.init_cache_fn(self.params, batch, max_len)
+
+    def compact_cache(self, cache, start_B: Array, sources_BD: Array):
+        """Copy slot `sources[b, d]` to slot `start[b] + d` (see `compact_fn`)."""
+        if self.compact_fn is None:
+            raise ValueError("this CausalLM has no compact_fn, which token trees need to "
+                             "move the accepted path's cache entries; pass "
+                             "compact_fn=... (or use a chain of drafts)")
+        return self.compact_fn(self.params, cache, start_B, sources_BD)
 
     def logits(self, tokens_BT) -> Array:
         """No-cache full forward: float32 `[B, T, V]`, `logits[:, t]` predicts token t+1."""

@@ -23,14 +23,22 @@ from specjax.causal_lm import CausalLM
 from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.rejection import accept_greedy, accept_sampled
 from specjax.sampling import SamplingConfig, probabilities
+from specjax.tree_acceptance import accept_tree_greedy, accept_tree_sampled
+from specjax.trees import TreeShape, ancestor_mask
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SpeculativeConfig:
-    """Static settings of a speculative step (frozen, hashable)."""
+    """Static settings of a speculative step (frozen, hashable).
+
+    num_draft_tokens: N, the nodes verified per target forward (K for a chain).
+    tree: a static `TreeShape` of N nodes (drafters then propose that tree), or None for a
+      chain of K drafts (the fast path).
+    """
 
     num_draft_tokens: int
     sampling: SamplingConfig = SamplingConfig()
+    tree: TreeShape | None = None
 
     def __post_init__(self):
         k = self.num_draft_tokens
@@ -39,6 +47,15 @@ class SpeculativeConfig:
         object.__setattr__(self, "num_draft_tokens", int(k))
         if not isinstance(self.sampling, SamplingConfig):
             raise TypeError(f"sampling must be a SamplingConfig, got {type(self.sampling)}")
+        if self.tree is not None:
+            if not isinstance(self.tree, TreeShape):
+                raise TypeError(f"tree must be a specjax.trees.TreeShape, got "
+                                f"{type(self.tree).__name__}")
+            if self.tree.num_nodes != self.num_draft_tokens:
+                raise ValueError(f"the tree has {self.tree.num_nodes} nodes but "
+                                 f"num_draft_tokens={self.num_draft_tokens}: a tree step "
+                                 "verifies every node, so pass num_draft_tokens="
+                                 f"{self.tree.num_nodes}")
 
 
 @jax.tree_util.register_dataclass
@@ -96,74 +113,127 @@ def check_config_matches_state(state: SpeculativeState, config: SpeculativeConfi
             f"init_speculative_state(..., num_draft_tokens={config.num_draft_tokens})")
 
 
-def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int,
-                   vocab_size: int) -> None:
+def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int, vocab_size: int,
+                   tree: TreeShape | None = None) -> None:
     """Refuse (at trace time) a proposal that breaks the drafter contract, naming the
     drafter, the field and the expected shape."""
     name = type(drafter).__name__
     if not isinstance(proposal, Proposal):
         raise TypeError(f"{name}.propose must return (state, specjax.drafters.Proposal), got "
                         f"{type(proposal).__name__}")
-    expected = {"tokens": (batch, num_draft_tokens), "q": (batch, num_draft_tokens, vocab_size)}
+    expected = {"tokens": (batch, num_draft_tokens), "q": (batch, num_draft_tokens, vocab_size),
+                "never_accept": (batch, num_draft_tokens)}
     meaning = {"tokens": "int [batch, num_draft_tokens]",
                "q": "float [batch, num_draft_tokens, target vocab_size]: the distribution "
                     "each draft was drawn from, over the TARGET's vocabulary (give ids the "
-                    "draft lacks probability 0)"}
+                    "draft lacks probability 0)",
+               "never_accept": "bool [batch, num_draft_tokens]"}
+    if proposal.q is None and tree is None:
+        raise ValueError(f"{name}.propose returned Proposal.q = None (deterministic drafts), "
+                         "which only a tree step verifies without q; for a chain return the "
+                         "one-hot q of each draft")
+    if proposal.never_accept is not None and tree is None:
+        raise ValueError(f"{name}.propose marked nodes never_accept, which needs a tree step "
+                         "(SpeculativeConfig(tree=...)); a chain accepts a prefix")
     for field, shape in expected.items():
         value = getattr(proposal, field)
-        if tuple(value.shape) != shape:
+        if value is not None and tuple(value.shape) != shape:
             raise ValueError(f"{name}.propose returned Proposal.{field} with shape "
                              f"{tuple(value.shape)}; expected {shape} ({meaning[field]})")
     if not jnp.issubdtype(proposal.tokens.dtype, jnp.integer):
         raise TypeError(f"{name}.propose returned Proposal.tokens of dtype "
                         f"{proposal.tokens.dtype}; token ids must be integers")
-    if not jnp.issubdtype(proposal.q.dtype, jnp.floating):
+    if proposal.q is not None and not jnp.issubdtype(proposal.q.dtype, jnp.floating):
         raise TypeError(f"{name}.propose returned Proposal.q of dtype {proposal.q.dtype}; "
                         "q must be floating-point probabilities")
 
 
-def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
-                     config: SpeculativeConfig) -> SpeculativeState:
-    """One speculative step for every row still running (pure; jit with `config` static).
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What acceptance decided, per row: `path` int32 [B, D] the accepted nodes in order
+    (-1 after), `num_accepted` int32 [B], `emitted` int32 [B, D+1] the accepted tokens then
+    the correction or bonus token (at index num_accepted)."""
 
-    (a) the drafter proposes K tokens per row, (b) the target runs ONCE on the last
-    committed token plus the K drafts, (c) acceptance for all rows and positions at once,
-    (d) the correction from the residual or the bonus from p_{K+1}, (e) each row commits
-    its own number of tokens (cut at EOS and max_new_tokens); both caches roll back by
-    length.
-    """
-    check_config_matches_state(state, config)
-    num_draft = config.num_draft_tokens
-    sampling = config.sampling
-    key, k_draft, k_accept, k_resample = jax.random.split(state.key, 4)
-    active_B = ~state.done
-    lengths_B = state.lengths
+    path: Int[Array, "B D"]
+    num_accepted: Int[Array, " B"]
+    emitted: Int[Array, "B D+1"]
 
+
+def propose(drafter, state: SpeculativeState, key: Array, config: SpeculativeConfig,
+            vocab_size: int) -> tuple[object, Proposal]:
+    """(a) The drafter's proposal, checked against the contract."""
+    extra = {} if config.tree is None else {"tree": config.tree}
     drafter_state, proposal = drafter.propose(
-        state.drafter_state, DraftContext(state.sequence, lengths_B), k_draft,
-        num_draft_tokens=num_draft, sampling=sampling, vocab_size=target.vocab_size)
-    check_proposal(drafter, proposal, lengths_B.shape[0], num_draft, target.vocab_size)
-    proposal = Proposal(tokens=proposal.tokens.astype(jnp.int32), q=proposal.q)
+        state.drafter_state, DraftContext(state.sequence, state.lengths), key,
+        num_draft_tokens=config.num_draft_tokens, sampling=config.sampling,
+        vocab_size=vocab_size, **extra)
+    check_proposal(drafter, proposal, state.lengths.shape[0], config.num_draft_tokens,
+                   vocab_size, tree=config.tree)
+    return drafter_state, dataclasses.replace(proposal,
+                                              tokens=proposal.tokens.astype(jnp.int32))
 
+
+def verify(target: CausalLM, state: SpeculativeState, proposal: Proposal,
+           config: SpeculativeConfig):
+    """(b) ONE target forward over the last committed token and the N proposed nodes:
+    positions are the last position plus each node's depth, and for a tree each token
+    attends to its ancestors only. Returns `(logits [B, N+1, V], hidden, cache)`."""
+    lengths_B = state.lengths
     last_token_B = jnp.take_along_axis(state.sequence, lengths_B[:, None] - 1, axis=1)[:, 0]
-    verify_tokens_BK1 = jnp.concatenate([last_token_B[:, None], proposal.tokens], axis=1)
-    positions_BK1 = (lengths_B - 1)[:, None] + jnp.arange(num_draft + 1, dtype=jnp.int32)[None]
-    logits_BK1V, hidden_BK1D, target_cache = target.apply(
-        verify_tokens_BK1, positions_BK1, state.target_cache, lengths_B - 1)
-
-    if sampling.greedy:
-        acceptance = accept_greedy(proposal.tokens, logits_BK1V)
+    tokens_BN1 = jnp.concatenate([last_token_B[:, None], proposal.tokens], axis=1)
+    if config.tree is None:
+        depths_N1 = jnp.arange(config.num_draft_tokens + 1, dtype=jnp.int32)[None]
+        new_mask = None  # causal
     else:
-        acceptance = accept_sampled(k_accept, k_resample, proposal.tokens, proposal.q,
-                                    probabilities(logits_BK1V, sampling))
-    num_accepted_B = acceptance.num_accepted
+        depths_N1 = jnp.asarray((0,) + config.tree.depths, jnp.int32)[None]
+        new_mask = ancestor_mask(config.tree.parents_array(lengths_B.shape[0]))
+    positions_BN1 = (lengths_B - 1)[:, None] + depths_N1
+    return target.apply(tokens_BN1, positions_BN1, state.target_cache, lengths_B - 1,
+                        new_mask)
 
-    # Emitted block: accepted drafts, then the correction/bonus token at index n.
-    index_K1 = jnp.arange(num_draft + 1, dtype=jnp.int32)[None]
-    drafts_BK1 = jnp.concatenate([proposal.tokens, proposal.tokens[:, :1]], axis=1)
-    emitted_BK1 = jnp.where(index_K1 < num_accepted_B[:, None], drafts_BK1,
-                            acceptance.next_token[:, None])
-    num_emitted_B = jnp.minimum(num_accepted_B + 1,
+
+def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
+           config: SpeculativeConfig) -> Verdict:
+    """(c, d) Exact acceptance: the longest valid prefix of a chain, or the accepted path of
+    a tree, then the correction or bonus token."""
+    sampling = config.sampling
+    if config.tree is None:
+        if sampling.greedy:
+            linear = accept_greedy(proposal.tokens, logits_BN1V)
+        else:
+            linear = accept_sampled(*keys, proposal.tokens, proposal.q,
+                                    probabilities(logits_BN1V, sampling))
+        num_draft = config.num_draft_tokens
+        path_BK = jnp.where(linear.accepted, jnp.arange(num_draft, dtype=jnp.int32)[None], -1)
+        num_accepted_B, next_B = linear.num_accepted, linear.next_token
+    else:
+        bounds = {"max_depth": config.tree.max_depth,
+                  "max_branching": config.tree.max_branching,
+                  "never_accept_BN": proposal.never_accept}
+        parents_BN = config.tree.parents_array(proposal.tokens.shape[0])
+        if sampling.greedy:
+            walk = accept_tree_greedy(proposal.tokens, parents_BN, logits_BN1V, **bounds)
+        else:
+            walk = accept_tree_sampled(*keys, proposal.tokens, parents_BN,
+                                       probabilities(logits_BN1V, sampling), proposal.q,
+                                       **bounds)
+        path_BK, num_accepted_B, next_B = walk.path, walk.num_accepted, walk.next_token
+    width = path_BK.shape[1]
+    path_tokens_BK = jnp.take_along_axis(proposal.tokens, jnp.maximum(path_BK, 0), axis=1)
+    index_K1 = jnp.arange(width + 1, dtype=jnp.int32)[None]
+    padded_BK1 = jnp.concatenate([path_tokens_BK, path_tokens_BK[:, :1]], axis=1)
+    emitted_BK1 = jnp.where(index_K1 < num_accepted_B[:, None], padded_BK1, next_B[:, None])
+    return Verdict(path_BK, num_accepted_B, emitted_BK1)
+
+
+def emit(state: SpeculativeState, verdict: Verdict):
+    """(e) Each row commits its own number of tokens, cut at an EOS and at max_new_tokens.
+    Returns `(sequence, new_lengths, num_emitted, done)`."""
+    lengths_B, active_B = state.lengths, ~state.done
+    emitted_BK1 = verdict.emitted
+    index_K1 = jnp.arange(emitted_BK1.shape[1], dtype=jnp.int32)[None]
+    num_emitted_B = jnp.minimum(verdict.num_accepted + 1,
                                 state.max_new_tokens - (lengths_B - state.prompt_lengths))
     matches_eos_BK1 = jnp.any(emitted_BK1[:, :, None] == state.eos_ids[None, None, :], axis=2)
     is_eos_BK1 = matches_eos_BK1 & (index_K1 < num_emitted_B[:, None])
@@ -180,23 +250,56 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     new_lengths_B = lengths_B + num_emitted_B
     done_B = state.done | (active_B & hit_eos_B) | (
         new_lengths_B - state.prompt_lengths >= state.max_new_tokens)
+    return sequence, new_lengths_B, num_emitted_B, done_B
+
+
+def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
+                     config: SpeculativeConfig) -> SpeculativeState:
+    """One speculative step for every row still running (pure; jit with `config` static).
+
+    (a) propose: the drafter proposes N nodes per row (a chain of K drafts, or a tree);
+    (b) verify: the target runs ONCE on the last committed token plus the N nodes;
+    (c, d) accept: exact acceptance for all rows at once, then the correction or bonus;
+    (e) emit: each row commits its own number of tokens (cut at EOS and max_new_tokens);
+    commit: a tree's accepted path moves to contiguous cache slots, the drafter hears the
+    outcome, and the counters advance. Caches roll back by length.
+    """
+    check_config_matches_state(state, config)
+    key, k_draft, k_accept, k_resample = jax.random.split(state.key, 4)
+    active_B = ~state.done
+    lengths_B = state.lengths
+
+    drafter_state, proposal = propose(drafter, state, k_draft, config, target.vocab_size)
+    logits_BN1V, hidden_BN1D, target_cache = verify(target, state, proposal, config)
+    verdict = accept((k_accept, k_resample), proposal, logits_BN1V, config)
+    sequence, new_lengths_B, num_emitted_B, done_B = emit(state, verdict)
+    num_accepted_B = verdict.num_accepted
+    if config.tree is not None and not config.tree.is_chain:
+        # Node i was written at slot lengths + i; the path's d-th node moves to lengths + d.
+        target_cache = target.compact_cache(target_cache, lengths_B,
+                                            lengths_B[:, None] + jnp.maximum(verdict.path, 0))
 
     drafter_state = drafter.commit(drafter_state, Commit(
         old_lengths=lengths_B, new_lengths=new_lengths_B, num_accepted=num_accepted_B,
-        sequence=sequence, target_hidden=hidden_BK1D, active=active_B))
+        sequence=sequence, target_hidden=hidden_BN1D, active=active_B, path=verdict.path))
 
+    num_nodes = config.num_draft_tokens
+    depth = verdict.path.shape[1]
     active_i = active_B.astype(jnp.int32)
+    on_path_BN = jnp.any(verdict.path[:, :, None] == jnp.arange(num_nodes)[None, None, :],
+                         axis=1)
     return SpeculativeState(
         sequence=sequence, lengths=new_lengths_B, prompt_lengths=state.prompt_lengths,
         target_cache=target_cache, drafter_state=drafter_state, done=done_B, key=key,
         max_new_tokens=state.max_new_tokens, eos_ids=state.eos_ids,
         target_forwards=state.target_forwards + active_i,
-        draft_forwards=state.draft_forwards + active_i * drafter.forwards_per_step(num_draft),
-        proposed=state.proposed + active_i * num_draft,
-        checked=state.checked + active_i * jnp.minimum(num_accepted_B + 1, num_draft),
+        draft_forwards=state.draft_forwards + active_i * drafter.forwards_per_step(
+            num_nodes, **({} if config.tree is None else {"tree": config.tree})),
+        proposed=state.proposed + active_i * num_nodes,
+        checked=state.checked + active_i * jnp.minimum(num_accepted_B + 1, depth),
         accepted=state.accepted + active_i * num_accepted_B,
         accepted_per_position=state.accepted_per_position
-        + (acceptance.accepted & active_B[:, None]).astype(jnp.int32),
+        + (on_path_BN & active_B[:, None]).astype(jnp.int32),
         step_accepted=jnp.where(active_B, jnp.minimum(num_accepted_B, num_emitted_B), 0),
         step_emitted=num_emitted_B,
         num_steps=state.num_steps + jnp.any(active_B).astype(jnp.int32))

@@ -23,6 +23,7 @@ from specjax.inputs import check_pad_id, prepare_batch, resolve_key
 from specjax.sampling import SamplingConfig
 from specjax.speculative import SpeculativeConfig, SpeculativeState, speculative_step
 from specjax.stats import SpeculativeStats
+from specjax.trees import TreeShape
 
 
 def as_drafter(draft):
@@ -63,21 +64,48 @@ def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengt
         step_accepted=zeros, step_emitted=zeros, num_steps=jnp.zeros((), jnp.int32))
 
 
+def speculative_config(num_draft_tokens: int | None, sampling: SamplingConfig,
+                       tree: TreeShape | None) -> SpeculativeConfig:
+    """The step's static config; with a tree, num_draft_tokens defaults to its nodes."""
+    if num_draft_tokens is None:
+        if tree is None:
+            raise TypeError("num_draft_tokens is required (or pass tree=TreeShape...)")
+        num_draft_tokens = tree.num_nodes
+    return SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling, tree=tree)
+
+
+def check_tree_support(target: CausalLM, drafter, tree: TreeShape | None) -> None:
+    """Refuse, on the host, a tree that the drafter cannot draft or the target cannot
+    compact."""
+    if tree is None:
+        return
+    if not getattr(drafter, "drafts_trees", False):
+        raise ValueError(f"{type(drafter).__name__} drafts chains only; pass tree=None, or a "
+                         "drafter that drafts trees (specjax.DraftModel)")
+    if not tree.is_chain and target.compact_fn is None:
+        raise ValueError("the target has no compact_fn, which a token tree needs to move its "
+                         "accepted path into contiguous cache slots")
+
+
 def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: int,
-                           num_draft_tokens: int, sampling: SamplingConfig = SamplingConfig(),
+                           num_draft_tokens: int | None = None,
+                           sampling: SamplingConfig = SamplingConfig(),
                            key: Array | None = None,
                            eos_id: int | Sequence[int] | None = None,
-                           prompt_lengths=None,
-                           cache_size: int | None = None) -> tuple[SpeculativeState, Any]:
+                           prompt_lengths=None, cache_size: int | None = None,
+                           tree: TreeShape | None = None) -> tuple[SpeculativeState, Any]:
     """Validate the inputs on the host, then prefill target and drafter.
 
     `cache_size` pins the slots of the caches and the token buffer (by default a power of
-    two >= longest prompt + max_new_tokens + K + 1); too small a value is refused.
+    two >= longest prompt + max_new_tokens + N + 1); too small a value is refused.
+    `tree` (a `specjax.trees.TreeShape`) makes every step draft and verify that tree of
+    N = tree.num_nodes nodes instead of a chain of K = num_draft_tokens.
     Returns `(state, drafter)`; pass both to `speculative_step` with
-    `SpeculativeConfig(num_draft_tokens=..., sampling=...)`.
+    `SpeculativeConfig(num_draft_tokens=..., sampling=..., tree=...)`.
     """
-    config = SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling)
+    config = speculative_config(num_draft_tokens, sampling, tree)
     drafter = as_drafter(draft)
+    check_tree_support(target, drafter, tree)
     batch, capacity, eos_ids = prepare_batch(target, prompts, prompt_lengths, max_new_tokens,
                                              sampling, eos_id,
                                              extra_slots=config.num_draft_tokens + 1,
@@ -118,11 +146,13 @@ class SpeculativeOutput:
 
 
 def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: int,
-                         num_draft_tokens: int, sampling: SamplingConfig = SamplingConfig(),
+                         num_draft_tokens: int | None = None,
+                         sampling: SamplingConfig = SamplingConfig(),
                          key: Array | None = None,
                          eos_id: int | Sequence[int] | None = None,
                          prompt_lengths=None, pad_id: int = 0,
-                         cache_size: int | None = None) -> SpeculativeOutput:
+                         cache_size: int | None = None,
+                         tree: TreeShape | None = None) -> SpeculativeOutput:
     """Speculative decoding of a batch of prompts in one jit and one `lax.while_loop`.
 
     Args:
@@ -131,19 +161,23 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
         `DraftModel(draft, method="sample")`) or any drafter.
       prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id: as in
         `specjax.generate`; `max_new_tokens` is traced.
-      num_draft_tokens: K, the drafts verified per target forward.
+      num_draft_tokens: K, the drafts verified per target forward (with a tree: its nodes,
+        the default).
       cache_size: optional fixed cache length (see `init_speculative_state`).
+      tree: a static `specjax.trees.TreeShape` (e.g. `TreeShape.from_paths([[0], [1],
+        [0, 0]])`): each step drafts that tree and verifies all its nodes in one forward;
+        the drafter must draft trees (`DraftModel` does).
 
     Returns:
       `SpeculativeOutput(tokens [B, max_new_tokens], lengths [B], stats)`. A block that
       overshoots `max_new_tokens` is cut; an EOS inside an accepted block ends the row there.
     """
-    config = SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling)
+    config = speculative_config(num_draft_tokens, sampling, tree)
     pad_id = check_pad_id(pad_id)
     state, drafter = init_speculative_state(
         target, draft, prompts, max_new_tokens=max_new_tokens,
         num_draft_tokens=config.num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
-        prompt_lengths=prompt_lengths, cache_size=cache_size)
+        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree)
     state = _speculative_loop(target, drafter, state, config)
     tokens = _generated_tokens(state, jnp.int32(pad_id))[:, :max_new_tokens]
     return SpeculativeOutput(tokens=tokens, lengths=state.num_generated,

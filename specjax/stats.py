@@ -19,7 +19,8 @@ class SpeculativeStats:
       (1 - beta). The two differ: with i.i.d. beta, acceptance_rate = sum_j beta^j / K.
     mean_accepted_length: emitted tokens / target forwards (includes the bonus or
       correction token; plain AR = 1.0).
-    accepted_per_position [K]: fraction of verify steps whose draft j was accepted.
+    accepted_per_position [N]: fraction of verify steps whose accepted path contains node
+      j (for a chain: draft j was accepted).
     target_forwards / draft_forwards: per row, while the row was running (prefill
     excluded); emitted / proposed / accepted / checked: per-row counts; num_steps:
     batched verify forwards run.

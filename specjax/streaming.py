@@ -20,8 +20,8 @@ from jax import Array
 from specjax.causal_lm import CausalLM
 from specjax.inputs import check_pad_id
 from specjax.sampling import SamplingConfig
-from specjax.speculative import SpeculativeConfig, SpeculativeState, jitted_step
-from specjax.speculative_decoding import init_speculative_state
+from specjax.speculative import SpeculativeState, jitted_step
+from specjax.speculative_decoding import init_speculative_state, speculative_config
 from specjax.stats import SpeculativeStats
 
 
@@ -53,21 +53,25 @@ def _step_window(state: SpeculativeState, *, width: int) -> Array:
 
 
 def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
-                       num_draft_tokens: int, sampling: SamplingConfig = SamplingConfig(),
+                       num_draft_tokens: int | None = None,
+                       sampling: SamplingConfig = SamplingConfig(),
                        key: Array | None = None, eos_id=None, prompt_lengths=None,
-                       pad_id: int = 0, cache_size: int | None = None) -> Iterator[StreamChunk]:
+                       pad_id: int = 0, cache_size: int | None = None,
+                       tree=None) -> Iterator[StreamChunk]:
     """Yield one `StreamChunk` per speculative step until every row is done.
 
-    Same arguments and the same tokens as `speculative_generate` with the same key;
-    `pad_id` fills each chunk's `block` array after the row's new tokens.
+    Same arguments and the same tokens as `speculative_generate` with the same key (a
+    `tree` too); `pad_id` fills each chunk's `block` array after the row's new tokens
+    (`block` is [B, D + 1] for a tree of depth D).
     """
-    config = SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling)
+    config = speculative_config(num_draft_tokens, sampling, tree)
     pad_id = check_pad_id(pad_id)
     state, drafter = init_speculative_state(
         target, draft, prompts, max_new_tokens=max_new_tokens,
-        num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
-        prompt_lengths=prompt_lengths, cache_size=cache_size)
-    width = num_draft_tokens + 1
+        num_draft_tokens=config.num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
+        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree)
+    # A step commits at most one token per accepted depth, plus one.
+    width = (config.num_draft_tokens if tree is None else tree.max_depth) + 1
     step = 0
     while True:
         state = jitted_step(target, drafter, state, config)

@@ -147,16 +147,18 @@ def chi_square_pvalue(samples_NL, expected_joint: np.ndarray,
 
 
 def speculative_joint_pvalue(target: CausalLM, drafter, prompt: list[int],
-                             sampling: SamplingConfig, *, num_draft_tokens: int = 2,
-                             rows: int = 30_000, num_tokens: int = 3,
-                             seed: int = 0) -> tuple[float, SpeculativeOutput]:
+                             sampling: SamplingConfig, *, num_draft_tokens: int | None = 2,
+                             rows: int = 30_000, num_tokens: int = 3, seed: int = 0,
+                             tree=None) -> tuple[float, SpeculativeOutput]:
     """Chi-square p-value of the first `num_tokens` tokens that speculative decoding with
-    `drafter` (a CausalLM or any drafter) generates after `prompt`, over `rows` rows in
-    one batched call, against the target's exactly enumerated joint. Returns the p-value
-    and the output (its stats show that speculation happened: acceptance in (0, 1))."""
+    `drafter` (a CausalLM or any drafter; with `tree`, a static TreeShape) generates after
+    `prompt`, over `rows` rows in one batched call, against the target's exactly
+    enumerated joint. Returns the p-value and the output (its stats show that speculation
+    happened: acceptance in (0, 1))."""
     out = speculative_generate(target, drafter, [list(prompt)] * rows,
-                               max_new_tokens=num_tokens, num_draft_tokens=num_draft_tokens,
-                               sampling=sampling, key=jax.random.key(seed))
+                               max_new_tokens=num_tokens,
+                               num_draft_tokens=None if tree is not None else num_draft_tokens,
+                               sampling=sampling, key=jax.random.key(seed), tree=tree)
     if not np.all(np.asarray(out.lengths) == num_tokens):
         raise ValueError("a row ended early (an EOS?); the joint needs every row to produce "
                          f"{num_tokens} tokens: pass no eos_id")

@@ -95,9 +95,12 @@ def test_generate_summary_quiet_and_length_warning():
 
 
 def test_ctrl_c_ends_cleanly_with_what_was_generated():
+    # A shell running this suite in the background leaves SIGINT ignored in its children,
+    # and Python keeps an ignored SIGINT ignored: restore the default for the CLI.
     process = subprocess.Popen([sys.executable, "-m", "specjax.cli", "generate", "import os\n",
                                 "--max-new-tokens", "1900", "--no-eos", "--color", "never"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert process.stdout.read(len("import os\n")) == "import os\n"  # the prompt echoed
     process.stdout.read(4)  # and the first generated text: the stream has started
     process.send_signal(signal.SIGINT)

@@ -23,6 +23,7 @@ from specjax.testing import (
     table_lm,
     unigram_lm,
 )
+from specjax.trees import TreeShape
 
 PROMPTS = [[1, 2, 3, 4], [7, 7], [30, 2, 5, 9, 11, 3], [4]]
 
@@ -414,3 +415,82 @@ def test_bfloat16_greedy_divergence_is_a_near_tie():
             gap = abs(logits[0, -1, plain[b, j]] - logits[0, -1, spec[b, j]])
             bf16_step = 2.0 ** -7 * np.abs(logits[0, -1]).max()
             assert gap <= 4 * bf16_step, (b, j, gap, bf16_step)
+
+
+# ---------------------------------------------------------------- token trees
+
+TREES = {
+    "binary depth 3": TreeShape.from_paths([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
+    "wide root": TreeShape.from_paths([[0], [1], [2], [3], [0, 0], [0, 0, 0], [0, 0, 0, 0]]),
+    "chain shape": TreeShape.chain(3),
+}
+
+
+@pytest.mark.parametrize("tree_name", sorted(TREES))
+@pytest.mark.parametrize("method", ["greedy", "sample"])
+def test_greedy_tree_speculation_equals_greedy_generate(tiny_lm, close_draft, random_draft,
+                                                        tree_name, method):
+    tree = TREES[tree_name]
+    plain = generate(tiny_lm, PROMPTS, max_new_tokens=24, sampling=GREEDY)
+    eos = int(plain.tokens[0, 5])  # rows end at different places
+    plain = generate(tiny_lm, PROMPTS, max_new_tokens=24, sampling=GREEDY, eos_id=eos)
+    for draft in (close_draft, random_draft):
+        spec = speculative_generate(tiny_lm, DraftModel(draft, method), PROMPTS,
+                                    max_new_tokens=24, sampling=GREEDY, eos_id=eos, tree=tree)
+        np.testing.assert_array_equal(spec.tokens, plain.tokens)
+        np.testing.assert_array_equal(spec.lengths, plain.lengths)
+
+
+def test_a_draft_identical_to_the_target_accepts_a_full_depth_path_every_step(tiny_lm):
+    tree = TREES["wide root"]
+    out = speculative_generate(tiny_lm, DraftModel(tiny_lm, "greedy"), PROMPTS,
+                               max_new_tokens=30, sampling=GREEDY, tree=tree)
+    np.testing.assert_array_equal(out.stats.accepted, tree.max_depth * out.stats.target_forwards)
+    # The accepted path is always the top-1 branch: nodes 0, 4, 5, 6.
+    np.testing.assert_allclose(out.stats.accepted_per_position, [1, 0, 0, 0, 1, 1, 1])
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.7, top_k=4),
+    SamplingConfig(temperature=1.0, top_p=0.8),
+], ids=["t1", "t0.7-topk4", "topp0.8"])
+@pytest.mark.parametrize("method", ["sample", "greedy"])
+def test_tree_sampling_is_exact_chi_square_joint_of_three_tokens(micro_lm, micro_drafts,
+                                                                  sampling, method):
+    """Sampled children (drawn without replacement) and deterministic (top-k) children,
+    verified by the tree walk, give the target's joint of 3 tokens."""
+    tree = TreeShape.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0]])
+    pvalue, out = speculative_joint_pvalue(micro_lm, DraftModel(micro_drafts["close"], method),
+                                           STAT_PROMPT, sampling, rows=STAT_ROWS, seed=104,
+                                           tree=tree)
+    assert pvalue > 1e-3, (pvalue, out.stats.acceptance_rate)
+    assert out.stats.mean_accepted_length > 1.0  # trees were accepted
+
+
+def test_tree_stream_equals_tree_generate(tiny_lm, close_draft):
+    tree = TREES["binary depth 3"]
+    kwargs = dict(max_new_tokens=16, sampling=SamplingConfig(temperature=1.0),
+                  key=jax.random.key(5), tree=tree)
+    whole = speculative_generate(tiny_lm, close_draft, PROMPTS, **kwargs)
+    rows = [[] for _ in PROMPTS]
+    for chunk in specjax.speculative_stream(tiny_lm, close_draft, PROMPTS, **kwargs):
+        assert chunk.block.shape == (len(PROMPTS), tree.max_depth + 1)
+        for b, tokens in enumerate(chunk.tokens):
+            rows[b] += tokens
+    for b in range(len(PROMPTS)):
+        assert rows[b] == np.asarray(whole.tokens[b, : int(whole.lengths[b])]).tolist()
+
+
+def test_trees_are_refused_where_they_cannot_run(tiny_lm):
+    tree = TREES["binary depth 3"]
+    with pytest.raises(ValueError, match="PromptLookup drafts chains only"):
+        speculative_generate(tiny_lm, specjax.PromptLookup(), PROMPTS, max_new_tokens=4,
+                             sampling=GREEDY, tree=tree)
+    with pytest.raises(ValueError, match="the tree has 6 nodes but num_draft_tokens=4"):
+        speculative_generate(tiny_lm, tiny_lm, PROMPTS, max_new_tokens=4, num_draft_tokens=4,
+                             sampling=GREEDY, tree=tree)
+    table = table_lm(np.zeros((32, 32)))  # a hand-written model without compaction
+    with pytest.raises(ValueError, match="no compact_fn"):
+        speculative_generate(table, table, [[1]], max_new_tokens=4, sampling=GREEDY,
+                             tree=tree)

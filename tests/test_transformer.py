@@ -219,3 +219,56 @@ def test_out_of_vocab_ids_in_masked_slots_cannot_poison_attention(tiny_lm):
     clean, dirty = next_logits(prompts), next_logits(poisoned)
     assert np.isfinite(dirty).all()
     np.testing.assert_array_equal(dirty, clean)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"sliding_window": 6, "sliding_layers": "all"}],
+                         ids=["full", "sliding-window"])
+@pytest.mark.parametrize("wide", [False, True], ids=["short-input", "long-input"])
+def test_tree_verify_then_compaction_equals_feeding_the_path_as_a_chain(overrides, wide):
+    """A token tree verified in one forward (ancestor mask, positions by depth), then the
+    accepted path compacted into contiguous slots, leaves the cache a chain of the same
+    tokens would: the next step's logits agree, on both attention paths."""
+    from specjax.trees import TreeShape, ancestor_mask
+
+    lm = build_lm(4, max_seq_len=256, **overrides)
+    batch, prompt_len = 2, 7
+    # A wide first level makes the verify input longer than READ_BEFORE_WRITE_MAX_TOKENS.
+    first = specjax_models.transformer.READ_BEFORE_WRITE_MAX_TOKENS + 2 if wide else 3
+    tree = TreeShape.from_paths([[r] for r in range(first)] + [[0, 0], [0, 1], [1, 0],
+                                                               [0, 1, 0]])
+    rng = np.random.default_rng(0)
+    prompt = jnp.asarray(rng.integers(0, lm.vocab_size, (batch, prompt_len)), jnp.int32)
+    nodes = jnp.asarray(rng.integers(0, lm.vocab_size, (batch, tree.num_nodes)), jnp.int32)
+    # Row 0 accepts nodes 0, first + 1, first + 3 (depths 1, 2, 3); row 1 accepts node 1.
+    paths = [[0, first + 1, first + 3], [1]]
+    apply = jax.jit(lambda lm, t, p, c, n, m: lm.apply(t, p, c, n, m))
+    cache = lm.init_cache(batch, 128)
+    positions = jnp.broadcast_to(jnp.arange(prompt_len - 1), (batch, prompt_len - 1))
+    _, _, cache = apply(lm, prompt[:, :-1], positions, cache, jnp.zeros(batch, jnp.int32), None)
+    start = jnp.full((batch,), prompt_len - 1, jnp.int32)
+    # The verify: the last prompt token (the root) then the tree.
+    verify = jnp.concatenate([prompt[:, -1:], nodes], axis=1)
+    depths = jnp.asarray((0,) + tree.depths, jnp.int32)
+    parents = tree.parents_array(batch)
+    _, _, tree_cache = apply(lm, verify, start[:, None] + depths[None], cache, start,
+                             ancestor_mask(parents))
+    sources = np.full((batch, tree.max_depth), 0, np.int32)
+    for b, path in enumerate(paths):
+        sources[b, : len(path)] = prompt_len + np.asarray(path)
+    tree_cache = jax.jit(lambda lm, c, s, src: lm.compact_cache(c, s, src))(
+        lm, tree_cache, start + 1, jnp.asarray(sources))
+    for b, path in enumerate(paths):
+        chain = jnp.concatenate([prompt[b:b + 1, -1:], nodes[b:b + 1, jnp.asarray(path)]], 1)
+        row_cache = jax.tree.map(lambda x, b=b: x[b:b + 1], cache)
+        chain_positions = (prompt_len - 1) + jnp.arange(chain.shape[1])[None]
+        _, _, chain_cache = apply(lm, chain, chain_positions, row_cache, start[b:b + 1], None)
+        # The next step reads both caches up to the same length: identical logits.
+        length = jnp.asarray([prompt_len + len(path)], jnp.int32)
+        probe = jnp.asarray([[5, 9]], jnp.int32)
+        probe_positions = length[:, None] + jnp.arange(2)[None]
+        want, _, _ = apply(lm, probe, probe_positions, chain_cache, length, None)
+        tree_row = jax.tree.map(lambda x, b=b: x[b:b + 1], tree_cache)
+        got, _, _ = apply(lm, probe, probe_positions, tree_row, length, None)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+        np.testing.assert_array_equal(np.asarray(tree_row.positions)[0, : int(length[0])],
+                                      np.arange(int(length[0])))

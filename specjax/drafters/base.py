@@ -6,7 +6,11 @@ state and three pure functions, all called inside the jitted speculative step:
 - `init(prompt_tokens[B,P], prompt_lengths[B], capacity) -> state`: once, at prefill.
 - `propose(state, context, key, *, num_draft_tokens, sampling, vocab_size)
    -> (state, Proposal)`: K draft tokens per row and the distribution each was drawn from.
-- `commit(state, Commit) -> state`: after verification, with every row's accepted count.
+   A drafter that drafts token trees sets `drafts_trees = True` and also takes
+   `tree=TreeShape` (then it proposes the tree's N nodes in its node order, with q or
+   None for deterministic children); `forwards_per_step` takes the same `tree=`.
+- `commit(state, Commit) -> state`: after verification, with every row's accepted count
+   and accepted path.
 
 The context gives every drafter the committed token buffer, so model-free drafters
 (n-gram lookup, retrieval) need no state, and the commit passes the target's hidden
@@ -39,15 +43,21 @@ class DraftContext:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Proposal:
-    """K linear draft tokens per row.
+    """N proposed nodes per row: a chain of K drafts, or the nodes of the step's tree
+    (`SpeculativeConfig.tree`, in its node order).
 
-    tokens: int32 [B, K]. q: float32 [B, K, V_target], the distribution each token was
-    actually drawn from (one-hot for deterministic drafts). Exactness depends on q being
-    exactly that distribution, over the TARGET's vocabulary.
+    tokens: int32 [B, N]. q: float32 [B, N, V_target], the distribution each token was
+    actually drawn from (for a sampled sibling drawn without replacement, the draft's
+    distribution without the earlier siblings), or None when every node is deterministic
+    (top-k / argmax / copied: a tree step then accepts x with probability p(x); a chain
+    needs the one-hot q). Exactness depends on q being exactly that distribution, over the
+    TARGET's vocabulary. never_accept: optional bool [B, N], nodes the target evaluates
+    but the walk never accepts (lookahead, adaptive length; trees only).
     """
 
-    tokens: Int[Array, "B K"]
-    q: Float[Array, "B K V"]
+    tokens: Int[Array, "B N"]
+    q: Float[Array, "B N V"] | None
+    never_accept: Bool[Array, "B N"] | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -59,16 +69,18 @@ class Commit:
     (new - old tokens were emitted: the accepted drafts, then the correction or bonus,
     cut at EOS or max_new_tokens). num_accepted: int32 [B] leading drafts accepted.
     sequence: the token buffer after the step. target_hidden: [B, K+1, D] target features
-    at the verified positions (last committed token, then the K drafts). active: bool [B],
-    rows that took part in the step.
+    at the verified positions (last committed token, then the N nodes). active: bool [B],
+    rows that took part in the step. path: int32 [B, D], the accepted nodes in order (-1
+    after the row's num_accepted; for a chain, 0, 1, ...).
     """
 
     old_lengths: Int[Array, " B"]
     new_lengths: Int[Array, " B"]
     num_accepted: Int[Array, " B"]
     sequence: Int[Array, "B S"]
-    target_hidden: Float[Array, "B K+1 D"]
+    target_hidden: Float[Array, "B N+1 D"]
     active: Bool[Array, " B"]
+    path: Int[Array, "B D"] | None = None
 
 
 class Drafter(Protocol):

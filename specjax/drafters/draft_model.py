@@ -12,7 +12,7 @@ the next draft overwrites (lag 0). Static shapes, no `lax.cond`, one code path.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,7 @@ from jax import Array
 from specjax.causal_lm import CausalLM, prefill
 from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
+from specjax.trees import TreeShape, ancestor_mask
 
 DRAFT_METHODS = ("sample", "greedy")
 
@@ -89,8 +90,11 @@ class DraftModel:
                 "tokenizer. If one vocabulary really is a padded prefix of the other, pass "
                 f"DraftModel(..., max_vocab_padding={diff})")
 
-    def forwards_per_step(self, num_draft_tokens: int) -> int:
-        return num_draft_tokens
+    # Trees: `propose(..., tree=TreeShape)` drafts every node of a static tree.
+    drafts_trees: ClassVar[bool] = True
+
+    def forwards_per_step(self, num_draft_tokens: int, tree: TreeShape | None = None) -> int:
+        return num_draft_tokens if tree is None else tree.max_depth
 
     # -- traced ----------------------------------------------------------------------------
     def init(self, prompt_tokens_BP: Array, prompt_lengths_B: Array,
@@ -114,8 +118,10 @@ class DraftModel:
         return sample_from_probs(row_keys(key, q_BV.shape[0]), q_BV), q_BV
 
     def propose(self, state: DraftModelState, context: DraftContext, key: Array, *,
-                num_draft_tokens: int, sampling: SamplingConfig,
-                vocab_size: int) -> tuple[DraftModelState, Proposal]:
+                num_draft_tokens: int, sampling: SamplingConfig, vocab_size: int,
+                tree: TreeShape | None = None) -> tuple[DraftModelState, Proposal]:
+        if tree is not None:
+            return self._propose_tree(state, context, key, tree, sampling, vocab_size)
         lengths_B = context.lengths
         lag_B = (lengths_B - 1) - state.cache_lengths  # 0 or 1
         start_B = state.cache_lengths
@@ -143,6 +149,104 @@ class DraftModel:
         # The draft fed the last committed token and drafts 1..K-1.
         new_state = DraftModelState(cache, lengths_B - 1 + num_draft_tokens)
         return new_state, Proposal(tokens=tokens_BK, q=q_BKV)
+
+    def _children(self, key: Array, logits_BV: Array, ranks: int, sampling: SamplingConfig,
+                  vocab_size: int):
+        """`ranks` children of one node: `(tokens [B, R], q [B, R, V] or None, never [B, R])`.
+
+        Deterministic (method "greedy" or a greedy target): the draft's top `ranks` tokens,
+        q None. Sampled: drawn without replacement from the warped draft distribution, the
+        r-th from it without the first r (that is its q). When the distribution has fewer
+        than `ranks` tokens (top-k, top-p), the extra children get a placeholder token and
+        are marked never-accept, which leaves the verification exact.
+        """
+        logits_BV = fit_vocab(logits_BV.astype(jnp.float32), vocab_size)
+        batch = logits_BV.shape[0]
+        if self.method == "greedy" or sampling.greedy:
+            _, top_BR = jax.lax.top_k(logits_BV, ranks)
+            return top_BR.astype(jnp.int32), None, jnp.zeros((batch, ranks), bool)
+        q_BV = probabilities(logits_BV, sampling)
+        tokens, qs, never = [], [], []
+        for rank_key in jax.random.split(key, ranks):
+            mass_B = jnp.sum(q_BV, axis=-1)
+            empty_B = mass_B <= 0
+            q_r_BV = q_BV / jnp.where(empty_B, 1.0, mass_B)[:, None]
+            token_B = jnp.where(empty_B, 0, sample_from_probs(row_keys(rank_key, batch),
+                                                              jnp.where(empty_B[:, None],
+                                                                        1.0, q_r_BV)))
+            tokens.append(token_B)
+            qs.append(jnp.where(empty_B[:, None], 0.0, q_r_BV))
+            never.append(empty_B)
+            q_BV = jnp.where(jnp.arange(vocab_size)[None] == token_B[:, None], 0.0, q_BV)
+        return (jnp.stack(tokens, axis=1), jnp.stack(qs, axis=1), jnp.stack(never, axis=1))
+
+    def _propose_tree(self, state: DraftModelState, context: DraftContext, key: Array,
+                      tree: TreeShape, sampling: SamplingConfig,
+                      vocab_size: int) -> tuple[DraftModelState, Proposal]:
+        """Draft every node of a static tree in `tree.max_depth` draft forwards.
+
+        The first forward catches the cache up: it feeds the D + 1 slots from the draft's
+        cache length on (every committed token it has not seen, the last one, the root,
+        included; the rest is scratch), and its output at the root gives the root's
+        children. Each later forward feeds the tree's nodes up to depth d after the
+        committed tokens, each attending to its ancestors only (the tree mask), and gives
+        the children of the depth-d nodes. The cache then holds every committed token; the
+        tree's entries lie beyond its length, scratch that the next step overwrites, so no
+        compaction is needed.
+        """
+        lengths_B = context.lengths
+        batch, depth = lengths_B.shape[0], tree.max_depth
+        start_B = state.cache_lengths
+        offsets_D1 = jnp.arange(depth + 1, dtype=jnp.int32)
+        catch_up_BD1 = jnp.take_along_axis(
+            context.sequence, jnp.minimum(start_B[:, None] + offsets_D1[None],
+                                          context.sequence.shape[1] - 1), axis=1)
+        logits_BD1V, _, cache = self.lm.apply(self._clip(catch_up_BD1),
+                                              start_B[:, None] + offsets_D1[None],
+                                              state.cache, start_B)
+        root_logits_BV = jnp.take_along_axis(
+            logits_BD1V, (lengths_B - 1 - start_B)[:, None, None], axis=1)[:, 0]
+
+        num_nodes = tree.num_nodes
+        children_of = {}
+        for node, parent in enumerate(tree.parents):
+            children_of.setdefault(parent, []).append(node)
+        node_keys = jax.random.split(key, num_nodes + 1)
+        tokens_BN = jnp.zeros((batch, num_nodes), jnp.int32)
+        q_BNV = None if (self.method == "greedy" or sampling.greedy) else jnp.zeros(
+            (batch, num_nodes, vocab_size), jnp.float32)
+        never_BN = jnp.zeros((batch, num_nodes), bool)
+
+        def draw_children(parent, logits_BV, tokens_BN, q_BNV, never_BN):
+            nodes = children_of.get(parent, [])
+            if not nodes:
+                return tokens_BN, q_BNV, never_BN
+            index = jnp.asarray(nodes)
+            toks, qs, never = self._children(node_keys[parent + 1], logits_BV, len(nodes),
+                                             sampling, vocab_size)
+            tokens_BN = tokens_BN.at[:, index].set(toks)
+            never_BN = never_BN.at[:, index].set(never)
+            if q_BNV is not None:
+                q_BNV = q_BNV.at[:, index].set(qs)
+            return tokens_BN, q_BNV, never_BN
+
+        tokens_BN, q_BNV, never_BN = draw_children(-1, root_logits_BV, tokens_BN, q_BNV,
+                                                   never_BN)
+        depths = tree.depths
+        node_mask_NN = ancestor_mask(tree.parents_array(1))[0, 1:, 1:]
+        positions_BN = (lengths_B - 1)[:, None] + jnp.asarray(depths, jnp.int32)[None]
+        for level in range(1, depth):  # static
+            width = 1 + max(i for i, d in enumerate(depths) if d <= level)
+            mask_BTT = jnp.broadcast_to(node_mask_NN[:width, :width], (batch, width, width))
+            logits_BTV, _, cache = self.lm.apply(self._clip(tokens_BN[:, :width]),
+                                                 positions_BN[:, :width], cache, lengths_B,
+                                                 mask_BTT)
+            for node in range(width):
+                if depths[node] == level:
+                    tokens_BN, q_BNV, never_BN = draw_children(
+                        node, logits_BTV[:, node], tokens_BN, q_BNV, never_BN)
+        return (DraftModelState(cache, lengths_B),
+                Proposal(tokens=tokens_BN, q=q_BNV, never_accept=never_BN))
 
     def commit(self, state: DraftModelState, commit: Commit) -> DraftModelState:
         # Committed tokens the draft has seen: all but the new last one, at most what it fed.
