@@ -574,8 +574,16 @@ class Transformer(nnx.Module):
         return cache.compact(start_B, sources_BD)
 
     def __call__(self, tokens_BT: Array, positions_BT: Array, cache: KVCache | None = None,
-                 cache_lengths_B: Array | None = None, new_mask_BTT: Array | None = None):
+                 cache_lengths_B: Array | None = None, new_mask_BTT: Array | None = None,
+                 feature_layers: tuple[int, ...] = ()):
+        """`(logits f32[B,T,V], hidden[B,T,D], cache)`. With `feature_layers` (static layer
+        indices), hidden is `[B, T, F + 1, D]`: the residual stream entering each listed
+        layer, then the final (normed) hidden state, from this same forward (EAGLE-3 reads
+        layers 2, L // 2 and L - 3)."""
         cfg = self.config
+        for layer in feature_layers:
+            if not 0 <= layer < cfg.num_layers:
+                raise ValueError(f"feature layer {layer} is outside [0, {cfg.num_layers})")
         if cache is not None and cache_lengths_B is None:
             raise ValueError("cache_lengths is required when a cache is given")
         positions_BT = positions_BT.astype(jnp.int32)
@@ -596,8 +604,10 @@ class Transformer(nnx.Module):
         # slots keep theirs, the new tokens' slots get theirs, the rest are masked anyway.
         key_positions_BS = None if cache is None else _write_rows(
             cache.positions, positions_BT, cache_lengths_B)
-        new_keys, new_values = [], []
+        new_keys, new_values, features = [], [], {}
         for index, block in enumerate(self.layers):
+            if index in feature_layers:
+                features[index] = x_BTD
             layer_cache = None if cache is None else (cache.keys[index], cache.values[index])
             x_BTD, layer_cache = block(x_BTD, positions_BT, layer_cache, cache_lengths_B,
                                        new_mask_BTT, key_positions_BS)
@@ -621,6 +631,9 @@ class Transformer(nnx.Module):
         logits_BTV = _softcap(logits_BTV.astype(jnp.float32), cfg.final_logit_softcap)
         new_cache = None if cache is None else KVCache(tuple(new_keys), tuple(new_values),
                                                        key_positions_BS)
+        if feature_layers:
+            hidden_BTD = jnp.stack([features[i].astype(hidden_BTD.dtype)
+                                    for i in feature_layers] + [hidden_BTD], axis=2)
         return logits_BTV, hidden_BTD, new_cache
 
 

@@ -61,3 +61,22 @@ def best_num_draft_tokens(alpha: float, cost_ratio: float, verify_cost_ratio: fl
                          for k in ks])
     best = int(np.argmax(speedups))
     return int(ks[best]), float(speedups[best])
+
+
+def measure_rank_acceptance(target, draft, prompts, sampling, *, num_ranks: int = 8,
+                            max_new_tokens: int = 64, key=None,
+                            method: str = "greedy") -> np.ndarray:
+    """The per-rank acceptance vector of a draft/target pair, for
+    `TreeShape.sequoia`: decode `prompts` with a one-level tree of the draft's top
+    `num_ranks` children (`DraftModel(draft, method)`) and return, for each rank r, the
+    fraction of steps whose accepted child had rank r."""
+    from specjax.drafters.draft_model import DraftModel
+    from specjax.speculative_decoding import speculative_generate
+    from specjax.trees import TreeShape
+
+    star = TreeShape.from_paths([[r] for r in range(num_ranks)])
+    out = speculative_generate(target, DraftModel(draft, method), prompts,
+                               max_new_tokens=max_new_tokens, sampling=sampling, key=key,
+                               tree=star)
+    return np.asarray(out.stats.accepted_per_position, np.float64)
+

@@ -26,8 +26,12 @@ class _NnxApply:
 
     graphdef: Any
 
-    def __call__(self, params, tokens, positions, cache, cache_lengths, new_mask=None):
+    def __call__(self, params, tokens, positions, cache, cache_lengths, new_mask=None,
+                 feature_layers=()):
         module = nnx.merge(self.graphdef, params)
+        if feature_layers:
+            return module(tokens, positions, cache, cache_lengths, new_mask,
+                          feature_layers=feature_layers)
         return module(tokens, positions, cache, cache_lengths, new_mask)
 
 
@@ -130,8 +134,16 @@ class CausalLM:
                    full_forward_fn=_NnxFullForward(graphdef), compact_fn=compact)
 
     def apply(self, tokens_BT: Array, positions_BT: Array, cache, cache_lengths_B: Array,
-              new_mask_BTT: Array | None = None):
-        """`(logits f32[B,T,V], hidden[B,T,D], cache)` for T new tokens per row."""
+              new_mask_BTT: Array | None = None, feature_layers: tuple[int, ...] = ()):
+        """`(logits f32[B,T,V], hidden[B,T,D], cache)` for T new tokens per row.
+
+        `feature_layers` (static): hidden becomes `[B, T, F + 1, D]`, the residual stream
+        entering each listed layer then the final hidden state, from the same forward;
+        `apply_fn` must then take a `feature_layers=` keyword (`from_nnx` models do).
+        """
+        if feature_layers:
+            return self.apply_fn(self.params, tokens_BT, positions_BT, cache, cache_lengths_B,
+                                 new_mask_BTT, feature_layers=tuple(feature_layers))
         return self.apply_fn(self.params, tokens_BT, positions_BT, cache, cache_lengths_B,
                              new_mask_BTT)
 
@@ -175,17 +187,20 @@ def full_logits(lm: CausalLM, tokens_BT: Array) -> Array:
 _full_logits = jax.jit(full_logits)
 
 
-def prefill(lm: CausalLM, cache, prompt_tokens_BP: Array, prompt_lengths_B: Array):
+def prefill(lm: CausalLM, cache, prompt_tokens_BP: Array, prompt_lengths_B: Array, *,
+            feature_layers: tuple[int, ...] = ()):
     """Write the padded prompts into `cache` in one forward.
 
-    Returns `(cache, cache_lengths, last_token)` under the decode invariant: the cache
-    holds each prompt but its last token, which is returned to be fed next. Pad slots
+    Returns `(cache, cache_lengths, last_token, hidden)` under the decode invariant: the
+    cache holds each prompt but its last token, which is returned to be fed next. Pad slots
     past a row's length are written too but stay masked, and are overwritten later.
+    `hidden` is the prompts' hidden states (with `feature_layers`, their features; see
+    `CausalLM.apply`), which feature drafters read at their first step.
     """
     batch, width = prompt_tokens_BP.shape
     positions_BP = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-    _, _, cache = lm.apply(prompt_tokens_BP, positions_BP, cache,
-                           jnp.zeros((batch,), jnp.int32))
+    _, hidden, cache = lm.apply(prompt_tokens_BP, positions_BP, cache,
+                                jnp.zeros((batch,), jnp.int32), feature_layers=feature_layers)
     last_token_B = jnp.take_along_axis(prompt_tokens_BP, prompt_lengths_B[:, None] - 1,
                                        axis=1)[:, 0]
-    return cache, prompt_lengths_B - 1, last_token_B
+    return cache, prompt_lengths_B - 1, last_token_B, hidden

@@ -174,11 +174,20 @@ def propose(drafter, state: SpeculativeState, key: Array, config: SpeculativeCon
                                               tokens=proposal.tokens.astype(jnp.int32))
 
 
+def feature_layers_of(drafter) -> tuple[int, ...] | None:
+    """None for a drafter that reads no target features; else the layers whose incoming
+    residual streams it reads besides the final hidden state (possibly none)."""
+    if not getattr(drafter, "reads_target_features", False):
+        return None
+    return tuple(getattr(drafter, "feature_layers", ()))
+
+
 def verify(target: CausalLM, state: SpeculativeState, proposal: Proposal,
-           config: SpeculativeConfig):
+           config: SpeculativeConfig, feature_layers: tuple[int, ...] = ()):
     """(b) ONE target forward over the last committed token and the N proposed nodes:
     positions are the last position plus each node's depth, and for a tree each token
-    attends to its ancestors only. Returns `(logits [B, N+1, V], hidden, cache)`."""
+    attends to its ancestors only. Returns `(logits [B, N+1, V], hidden, cache)`; hidden
+    holds the requested features (see `CausalLM.apply`)."""
     lengths_B = state.lengths
     last_token_B = jnp.take_along_axis(state.sequence, lengths_B[:, None] - 1, axis=1)[:, 0]
     tokens_BN1 = jnp.concatenate([last_token_B[:, None], proposal.tokens], axis=1)
@@ -190,7 +199,7 @@ def verify(target: CausalLM, state: SpeculativeState, proposal: Proposal,
         new_mask = ancestor_mask(config.tree.parents_array(lengths_B.shape[0]))
     positions_BN1 = (lengths_B - 1)[:, None] + depths_N1
     return target.apply(tokens_BN1, positions_BN1, state.target_cache, lengths_B - 1,
-                        new_mask)
+                        new_mask, feature_layers=feature_layers)
 
 
 def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
@@ -270,7 +279,8 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     lengths_B = state.lengths
 
     drafter_state, proposal = propose(drafter, state, k_draft, config, target.vocab_size)
-    logits_BN1V, hidden_BN1D, target_cache = verify(target, state, proposal, config)
+    logits_BN1V, hidden_BN1D, target_cache = verify(target, state, proposal, config,
+                                                    feature_layers_of(drafter) or ())
     verdict = accept((k_accept, k_resample), proposal, logits_BN1V, config)
     sequence, new_lengths_B, num_emitted_B, done_B = emit(state, verdict)
     num_accepted_B = verdict.num_accepted

@@ -21,7 +21,12 @@ from specjax.causal_lm import CausalLM, prefill
 from specjax.drafters.draft_model import DraftModel
 from specjax.inputs import check_pad_id, prepare_batch, resolve_key
 from specjax.sampling import SamplingConfig
-from specjax.speculative import SpeculativeConfig, SpeculativeState, speculative_step
+from specjax.speculative import (
+    SpeculativeConfig,
+    SpeculativeState,
+    feature_layers_of,
+    speculative_step,
+)
 from specjax.stats import SpeculativeStats
 from specjax.trees import TreeShape
 
@@ -50,13 +55,16 @@ def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengt
                 num_draft_tokens: int) -> SpeculativeState:
     batch, width = prompt_tokens_BP.shape
     cache = target.init_cache(batch, capacity)
-    cache, _, _ = prefill(target, cache, prompt_tokens_BP, prompt_lengths_B)
+    layers = feature_layers_of(drafter)
+    cache, _, _, features = prefill(target, cache, prompt_tokens_BP, prompt_lengths_B,
+                                    feature_layers=layers or ())
     sequence = jnp.zeros((batch, capacity), jnp.int32).at[:, :width].set(prompt_tokens_BP)
     zeros = jnp.zeros((batch,), jnp.int32)
     return SpeculativeState(
         sequence=sequence, lengths=prompt_lengths_B, prompt_lengths=prompt_lengths_B,
         target_cache=cache,
-        drafter_state=drafter.init(prompt_tokens_BP, prompt_lengths_B, capacity),
+        drafter_state=drafter.init(prompt_tokens_BP, prompt_lengths_B, capacity,
+                                   **({} if layers is None else {"features": features})),
         done=jnp.zeros((batch,), bool), key=key, max_new_tokens=max_new_tokens,
         eos_ids=eos_ids, target_forwards=zeros, draft_forwards=zeros, proposed=zeros,
         checked=zeros, accepted=zeros,

@@ -54,6 +54,16 @@ class TokenCache:
         return jnp.full((batch, max_len), -1, jnp.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenCacheCompact:
+    """Compaction of a `[B, S]` token cache: slot sources[b, d] -> slot start[b] + d."""
+
+    def __call__(self, params, cache, start_B, sources_BD):
+        moved = jnp.take_along_axis(cache, jnp.clip(sources_BD, 0, cache.shape[1] - 1), axis=1)
+        write = lambda row, new, start: jax.lax.dynamic_update_slice(row, new, (start,))
+        return jax.vmap(write)(cache, moved, start_B)
+
+
 def plus_one_lm(vocab: int = 16, max_seq_len: int | None = 256) -> CausalLM:
     """A CausalLM whose greedy continuation of token t is t+1, t+2, ... (mod vocab)."""
     return CausalLM({"unused": jnp.zeros((1,), jnp.float32)}, PlusOneApply(vocab),
@@ -73,7 +83,8 @@ def table_lm(table) -> CausalLM:
     """A bigram CausalLM from a `[V_in, V_out]` logits table (-inf puts zero mass)."""
     table = jnp.asarray(table, jnp.float32)
     return CausalLM({"table": table}, TableApply(), TokenCache(),
-                    vocab_size=int(table.shape[1]), max_seq_len=None)
+                    vocab_size=int(table.shape[1]), max_seq_len=None,
+                    compact_fn=TokenCacheCompact())
 
 
 def unigram_lm(logits, vocab_rows: int | None = None) -> CausalLM:

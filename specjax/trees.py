@@ -13,8 +13,10 @@ ranks as Medusa and EAGLE-1 write them. The traced helpers (`tree_depths`,
 from __future__ import annotations
 
 import dataclasses
+import heapq
 
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 from jaxtyping import Bool, Int
 
@@ -74,6 +76,53 @@ class TreeShape:
                                  f"rank {path[-1] - 1} is missing")
         parents = tuple(index[p[:-1]] if len(p) > 1 else -1 for p in ordered)
         return cls(parents, tuple(p[-1] for p in ordered))
+
+    @classmethod
+    def sequoia(cls, rank_acceptance, num_nodes: int, max_depth: int) -> TreeShape:
+        """The tree of `num_nodes` nodes and depth <= `max_depth` with the largest expected
+        accepted length when the draft's rank-r child of any node is the accepted one with
+        probability `rank_acceptance[r]`, independently of the node (Sequoia, Chen et al.
+        2024, whose dynamic program solves the same problem).
+
+        Under that model a node is on the accepted path with the product of its ranks'
+        probabilities along the path, and the expected accepted length is the sum over
+        nodes. Adding nodes best-first (a node becomes a candidate once its parent and its
+        previous sibling are in) is optimal because scores never grow from parent to child
+        or from one sibling to the next; the vector is first made non-increasing (a
+        running minimum), which the model assumes and which a measured vector may break
+        by noise. Measure the vector with `specjax.analysis.measure_rank_acceptance`.
+        """
+        rank_p = np.minimum.accumulate(np.asarray(rank_acceptance, np.float64))
+        if rank_p.ndim != 1 or not len(rank_p) or np.any((rank_p < 0) | (rank_p > 1)):
+            raise ValueError(f"rank_acceptance must be probabilities in [0, 1], one per "
+                             f"rank, got {rank_acceptance!r}")
+        if num_nodes < 1 or max_depth < 1:
+            raise ValueError(f"num_nodes and max_depth must be >= 1, got {num_nodes} and "
+                             f"{max_depth}")
+        chosen: list[tuple[int, ...]] = []
+        # Entries: (-score, path, the parent's score); the heap pops the best score.
+        frontier = [(-rank_p[0], (0,), 1.0)]
+        while frontier and len(chosen) < num_nodes:
+            negative, path, parent_score = heapq.heappop(frontier)
+            chosen.append(path)
+            score, rank = -negative, path[-1]
+            if len(path) < max_depth:
+                heapq.heappush(frontier, (-score * rank_p[0], path + (0,), score))
+            if rank + 1 < len(rank_p):
+                heapq.heappush(frontier, (-parent_score * rank_p[rank + 1],
+                                          path[:-1] + (rank + 1,), parent_score))
+        return cls.from_paths(chosen)
+
+    def expected_accepted_length(self, rank_acceptance) -> float:
+        """Expected accepted nodes per step under the rank model of `sequoia` (tau - 1)."""
+        rank_p = np.asarray(rank_acceptance, np.float64)
+        if self.max_branching > len(rank_p):
+            raise ValueError(f"the tree has {self.max_branching} ranks but the vector only "
+                             f"{len(rank_p)}")
+        scores: list[float] = []
+        for parent, rank in zip(self.parents, self.ranks, strict=True):
+            scores.append((1.0 if parent < 0 else scores[parent]) * rank_p[rank])
+        return float(sum(scores))
 
     @property
     def num_nodes(self) -> int:

@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+import specjax
 from specjax import DraftModel, SamplingConfig, analysis, speculative_generate
 from specjax.testing import unigram_lm
 
@@ -60,3 +61,17 @@ def test_formula_matches_measured_acceptance_for_iid_drafts(method):
     # estimates alpha itself.
     assert out.stats.acceptance_rate == pytest.approx(positions.mean(), abs=1e-9)
     assert out.stats.position_acceptance_rate == pytest.approx(alpha, abs=0.01)
+
+
+def test_rank_acceptance_of_a_pair(tiny_lm):
+    """Deterministic top-k children: the rank-r child is accepted with the target's
+    probability of the draft's r-th token (accept x with p(x), else p without x)."""
+    same = analysis.measure_rank_acceptance(tiny_lm, tiny_lm, [[1, 2, 3], [7, 7, 1], [30, 2]],
+                                            specjax.GREEDY, num_ranks=3, max_new_tokens=12)
+    np.testing.assert_allclose(same, [1.0, 0.0, 0.0])  # the top draft is always the target's
+    target = unigram_lm(np.log([0.5, 0.3, 0.15, 0.05]))
+    draft = unigram_lm(np.log([0.4, 0.35, 0.2, 0.05]))  # the same order of tokens
+    measured = analysis.measure_rank_acceptance(target, draft, [[0]] * 2000,
+                                                SamplingConfig(temperature=1.0), num_ranks=3,
+                                                max_new_tokens=4, key=jax.random.key(0))
+    np.testing.assert_allclose(measured, [0.5, 0.3, 0.15], atol=0.02)

@@ -5,6 +5,7 @@ import dataclasses
 import subprocess
 import sys
 import textwrap
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -490,7 +491,55 @@ def test_trees_are_refused_where_they_cannot_run(tiny_lm):
     with pytest.raises(ValueError, match="the tree has 6 nodes but num_draft_tokens=4"):
         speculative_generate(tiny_lm, tiny_lm, PROMPTS, max_new_tokens=4, num_draft_tokens=4,
                              sampling=GREEDY, tree=tree)
-    table = table_lm(np.zeros((32, 32)))  # a hand-written model without compaction
+    table = table_lm(np.zeros((32, 32)))
+    table = specjax.CausalLM(table.params, table.apply_fn, table.init_cache_fn,
+                             vocab_size=32)  # a hand-written model without compaction
     with pytest.raises(ValueError, match="no compact_fn"):
         speculative_generate(table, table, [[1]], max_new_tokens=4, sampling=GREEDY,
                              tree=tree)
+
+
+# ---------------------------------------------------------------- target features
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _FeatureRecorder(specjax.PromptLookup):
+    """Prompt lookup that records the target features it is given (at init and commit)."""
+
+    reads_target_features: ClassVar[bool] = True
+    feature_layers: ClassVar[tuple] = (0, 1)
+
+    def init(self, prompt_tokens, prompt_lengths, capacity, features):
+        return {"init": features, "commit": jnp.zeros((prompt_tokens.shape[0], 4, 3, 64))}
+
+    def commit(self, state, commit):
+        return {"init": state["init"], "commit": commit.target_hidden}
+
+
+def test_feature_drafters_get_the_prefill_and_verify_features(tiny_lm):
+    """A drafter asking for layers (0, 1) gets, without extra forwards, the prompt's
+    features at init and the verified positions' features at each commit: both equal a
+    full forward's."""
+    from specjax.drafters import eagle3_feature_layers
+
+    assert eagle3_feature_layers(32) == (2, 16, 29) and eagle3_feature_layers(2) == (0, 1)
+    prompts = [[1, 2, 3, 1, 2], [7, 7, 7, 7, 7]]
+    recorder = _FeatureRecorder()
+    state, drafter = specjax.init_speculative_state(tiny_lm, recorder, prompts,
+                                                    max_new_tokens=8, num_draft_tokens=3,
+                                                    sampling=GREEDY)
+    def full_features(tokens):
+        positions = jnp.broadcast_to(jnp.arange(len(tokens[0])), (len(tokens), len(tokens[0])))
+        _, hidden, _ = tiny_lm.apply(jnp.asarray(tokens), positions,
+                                     tiny_lm.init_cache(len(tokens), 64),
+                                     jnp.zeros(len(tokens), jnp.int32), feature_layers=(0, 1))
+        return np.asarray(hidden)
+
+    init = np.asarray(state.drafter_state["init"])
+    np.testing.assert_allclose(init[:, :5], full_features(prompts), rtol=1e-5, atol=1e-5)
+    drafts, _ = recorder.lookup(state.sequence, state.lengths, 3)
+    state = specjax.jitted_step(tiny_lm, drafter, state,
+                                specjax.SpeculativeConfig(num_draft_tokens=3, sampling=GREEDY))
+    verified = [p + np.asarray(d).tolist() for p, d in zip(prompts, drafts, strict=True)]
+    want = full_features(verified)[:, 4:]  # the last prompt token, then the 3 drafts
+    np.testing.assert_allclose(state.drafter_state["commit"], want, rtol=1e-4, atol=1e-4)

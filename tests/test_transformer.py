@@ -272,3 +272,27 @@ def test_tree_verify_then_compaction_equals_feeding_the_path_as_a_chain(override
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
         np.testing.assert_array_equal(np.asarray(tree_row.positions)[0, : int(length[0])],
                                       np.arange(int(length[0])))
+
+
+def test_feature_layers_are_the_residual_streams_entering_those_layers(tiny_lm):
+    """With feature_layers, hidden is [B, T, F+1, D]: the residual stream entering each
+    listed layer (computed here layer by layer), then the usual final hidden state; the
+    logits do not change."""
+    from flax import nnx
+
+    tokens = _random_tokens(3, (2, 6), tiny_lm.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+    plain_logits, plain_hidden, _ = tiny_lm.apply(tokens, positions, tiny_lm.init_cache(2, 16),
+                                                  jnp.zeros(2, jnp.int32))
+    logits, features, _ = tiny_lm.apply(tokens, positions, tiny_lm.init_cache(2, 16),
+                                        jnp.zeros(2, jnp.int32), feature_layers=(0, 1))
+    assert features.shape == (2, 6, 3, plain_hidden.shape[-1])
+    np.testing.assert_array_equal(logits, plain_logits)
+    np.testing.assert_allclose(features[:, :, 2], plain_hidden, rtol=1e-6, atol=1e-6)
+    module = nnx.merge(tiny_lm.apply_fn.graphdef, tiny_lm.params)
+    stream = module.embed(jnp.asarray(tokens))
+    np.testing.assert_allclose(features[:, :, 0], stream, rtol=1e-6, atol=1e-6)
+    stream, _ = module.layers[0](stream, positions, None, None, None, None)
+    np.testing.assert_allclose(features[:, :, 1], stream, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="feature layer 5 is outside"):
+        tiny_lm.apply(tokens, positions, None, None, feature_layers=(5,))

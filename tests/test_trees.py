@@ -1,4 +1,7 @@
-"""specjax.trees: static tree shapes from paths, and the traced per-row helpers."""
+"""specjax.trees: static tree shapes from paths, Sequoia-optimal trees, and the traced
+per-row helpers."""
+
+import itertools
 
 import jax.numpy as jnp
 import numpy as np
@@ -61,3 +64,33 @@ def test_rows_may_hold_different_trees():
     parents = jnp.asarray([[-1, 0, 1], [-1, -1, 0]], jnp.int32)
     np.testing.assert_array_equal(tree_depths(parents), [[1, 2, 3], [1, 1, 2]])
     assert np.asarray(children_table(parents, 2))[1, 0].tolist() == [0, 1]
+
+
+def _closed_trees(num_nodes, max_depth, ranks):
+    """Every tree of `num_nodes` nodes closed under parents and earlier siblings."""
+    universe = [p for d in range(1, max_depth + 1)
+                for p in itertools.product(range(ranks), repeat=d)]
+    for subset in itertools.combinations(universe, num_nodes):
+        chosen = set(subset)
+        if all((len(p) == 1 or p[:-1] in chosen) and (p[-1] == 0 or p[:-1] + (p[-1] - 1,)
+                                                          in chosen) for p in chosen):
+            yield TreeShape.from_paths(subset)
+
+
+@pytest.mark.parametrize("rank_p", [[0.5, 0.3, 0.1], [0.8, 0.1, 0.05], [0.3, 0.3, 0.2]])
+def test_the_sequoia_tree_is_optimal_under_its_model(rank_p):
+    best = max(tree.expected_accepted_length(rank_p) for tree in _closed_trees(5, 3, 3))
+    tree = TreeShape.sequoia(rank_p, num_nodes=5, max_depth=3)
+    assert tree.num_nodes == 5 and tree.max_depth <= 3
+    assert tree.expected_accepted_length(rank_p) == pytest.approx(best)
+
+
+def test_sequoia_degenerates_to_a_chain_and_matches_the_chain_formula():
+    assert TreeShape.sequoia([1.0, 0.0, 0.0], num_nodes=4, max_depth=6) == TreeShape.chain(4)
+    a = 0.7
+    expected = sum(a**j for j in range(1, 5))  # tau - 1 of the i.i.d. chain formula
+    assert TreeShape.chain(4).expected_accepted_length([a]) == pytest.approx(expected)
+    small = TreeShape.sequoia([0.5, 0.3, 0.1], num_nodes=3, max_depth=4)
+    assert small == TreeShape.from_paths([[0], [1], [0, 0]])
+    with pytest.raises(ValueError, match="probabilities in"):
+        TreeShape.sequoia([1.5], num_nodes=3, max_depth=2)

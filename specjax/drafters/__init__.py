@@ -1,8 +1,14 @@
 """Drafters: where the K guessed tokens come from."""
 
-from specjax.drafters.base import Commit, DraftContext, Drafter, Proposal
+from specjax.drafters.base import (
+    Commit,
+    DraftContext,
+    Drafter,
+    Proposal,
+    eagle3_feature_layers,
+)
 from specjax.drafters.draft_model import DraftModel, DraftModelState
 from specjax.drafters.prompt_lookup import PromptLookup
 
 __all__ = ["Commit", "DraftContext", "DraftModel", "DraftModelState", "Drafter", "PromptLookup",
-           "Proposal"]
+           "Proposal", "eagle3_feature_layers"]

@@ -15,6 +15,13 @@ state and three pure functions, all called inside the jitted speculative step:
 The context gives every drafter the committed token buffer, so model-free drafters
 (n-gram lookup, retrieval) need no state, and the commit passes the target's hidden
 states of the verified positions, for drafters that read them (Medusa, EAGLE, MTP).
+
+Target features: a drafter with `reads_target_features = True` gets `init(...,
+features=...)`, the prefill's hidden states of the prompts, and its `feature_layers`
+(static layer indices; `eagle3_feature_layers(L)` gives EAGLE-3's 2, L // 2, L - 3) make
+every verify forward also return the residual stream entering those layers, with no
+extra forward: hidden is then `[B, T, F + 1, D]` (those layers, then the final hidden
+state) in the prefill and in `Commit.target_hidden`.
 """
 
 from __future__ import annotations
@@ -69,7 +76,8 @@ class Commit:
     (new - old tokens were emitted: the accepted drafts, then the correction or bonus,
     cut at EOS or max_new_tokens). num_accepted: int32 [B] leading drafts accepted.
     sequence: the token buffer after the step. target_hidden: [B, K+1, D] target features
-    at the verified positions (last committed token, then the N nodes). active: bool [B],
+    at the verified positions (last committed token, then the N nodes; [B, N+1, F+1, D]
+    when the drafter asks for feature layers). active: bool [B],
     rows that took part in the step. path: int32 [B, D], the accepted nodes in order (-1
     after the row's num_accepted; for a chain, 0, 1, ...).
     """
@@ -81,6 +89,15 @@ class Commit:
     target_hidden: Float[Array, "B N+1 D"]
     active: Bool[Array, " B"]
     path: Int[Array, "B D"] | None = None
+
+
+def eagle3_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """The layers whose incoming residual streams EAGLE-3 fuses: 2, L // 2 and L - 3 (low,
+    middle and high), kept inside [0, L) and without repeats for shallow models."""
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    wanted = (2, num_layers // 2, num_layers - 3)
+    return tuple(sorted({min(max(layer, 0), num_layers - 1) for layer in wanted}))
 
 
 class Drafter(Protocol):

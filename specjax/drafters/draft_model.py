@@ -101,7 +101,7 @@ class DraftModel:
              capacity: int) -> DraftModelState:
         batch = prompt_tokens_BP.shape[0]
         cache = self.lm.init_cache(batch, capacity)
-        cache, cache_lengths, _ = prefill(self.lm, cache, self._clip(prompt_tokens_BP),
+        cache, cache_lengths, _, _ = prefill(self.lm, cache, self._clip(prompt_tokens_BP),
                                           prompt_lengths_B)
         return DraftModelState(cache, cache_lengths.astype(jnp.int32))
 
