@@ -34,3 +34,32 @@ def micro_lm() -> specjax.CausalLM:
     """A vocab-8 model for statistical tests: cheap enough for thousands of rows per call."""
     return build_lm(3, vocab_size=8, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1,
                     d_ff=32, max_seq_len=64)
+
+
+@pytest.fixture(scope="session")
+def close_draft(tiny_lm) -> specjax.CausalLM:
+    """tiny_lm with every weight nudged by 5%: a draft that is mostly right."""
+    from specjax.testing import perturbed
+
+    return perturbed(tiny_lm, 0.05, seed=1)
+
+
+@pytest.fixture(scope="session")
+def random_draft() -> specjax.CausalLM:
+    """An unrelated 1-layer model over the same 32 ids: a draft that is mostly wrong."""
+    return build_lm(17, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1, d_ff=64)
+
+
+@pytest.fixture(scope="session")
+def micro_drafts(micro_lm) -> dict:
+    """Drafts of micro_lm: "close" (weights nudged by 10%) and "far" (another, sharper
+    model)."""
+    import jax
+
+    from specjax.testing import perturbed
+
+    far = build_lm(11, vocab_size=8, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1,
+                   d_ff=32, max_seq_len=64)
+    far = far.with_params(jax.tree.map(lambda x: 3.0 * x, far.params))  # sharper, elsewhere
+    return {"close": perturbed(micro_lm, 0.1, seed=2), "far": far}
+

@@ -19,7 +19,6 @@ from specjax.speculative_decoding import _speculative_loop
 from specjax.testing import (
     chi_square_pvalue,
     enumerate_joint,
-    perturbed,
     speculative_joint_pvalue,
     table_lm,
     unigram_lm,
@@ -27,16 +26,6 @@ from specjax.testing import (
 from specjax.trees import TreeShape
 
 PROMPTS = [[1, 2, 3, 4], [7, 7], [30, 2, 5, 9, 11, 3], [4]]
-
-
-@pytest.fixture(scope="session")
-def close_draft(tiny_lm):
-    return perturbed(tiny_lm, 0.05, seed=1)
-
-
-@pytest.fixture(scope="session")
-def random_draft():
-    return build_lm(17, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1, d_ff=64)
 
 
 @pytest.mark.parametrize("num_draft_tokens", [1, 2, 4, 7])
@@ -83,14 +72,6 @@ STAT_PROMPT = [1, 5, 2]
 STAT_ROWS = 30_000
 
 
-@pytest.fixture(scope="session")
-def micro_drafts(micro_lm):
-    far = build_lm(11, vocab_size=8, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1,
-                   d_ff=32, max_seq_len=64)
-    far = far.with_params(jax.tree.map(lambda x: 3.0 * x, far.params))  # sharper, elsewhere
-    return {"close": perturbed(micro_lm, 0.1, seed=2), "far": far}
-
-
 def _joint_pvalue(target, draft, sampling, num_draft_tokens, seed, *, method="sample"):
     return speculative_joint_pvalue(target, DraftModel(draft, method) if method else draft,
                                     STAT_PROMPT, sampling, num_draft_tokens=num_draft_tokens,
@@ -103,10 +84,10 @@ def _joint_pvalue(target, draft, sampling, num_draft_tokens, seed, *, method="sa
     SamplingConfig(temperature=1.0, top_p=0.8),
 ], ids=["t1", "t0.7-topk4", "topp0.8"])
 @pytest.mark.parametrize("method", ["sample", "greedy"])
-@pytest.mark.parametrize("which", ["close", "far"])
-def test_sampling_is_exact_chi_square_joint_of_three_tokens(micro_lm, micro_drafts, sampling,
-                                                            method, which):
-    pvalue, out = _joint_pvalue(micro_lm, micro_drafts[which], sampling, 2, seed=100,
+def test_a_far_draft_is_exact_too(micro_lm, micro_drafts, sampling, method):
+    """tests/test_exactness.py runs every drafter with a close draft; a draft far from the
+    target (many rejections, large residuals) is checked here."""
+    pvalue, out = _joint_pvalue(micro_lm, micro_drafts["far"], sampling, 2, seed=100,
                                 method=method)
     assert pvalue > 1e-3, (pvalue, out.stats.acceptance_rate)
     # Speculation did happen: drafts were both accepted and rejected.
@@ -427,21 +408,6 @@ TREES = {
 }
 
 
-@pytest.mark.parametrize("tree_name", sorted(TREES))
-@pytest.mark.parametrize("method", ["greedy", "sample"])
-def test_greedy_tree_speculation_equals_greedy_generate(tiny_lm, close_draft, random_draft,
-                                                        tree_name, method):
-    tree = TREES[tree_name]
-    plain = generate(tiny_lm, PROMPTS, max_new_tokens=24, sampling=GREEDY)
-    eos = int(plain.tokens[0, 5])  # rows end at different places
-    plain = generate(tiny_lm, PROMPTS, max_new_tokens=24, sampling=GREEDY, eos_id=eos)
-    for draft in (close_draft, random_draft):
-        spec = speculative_generate(tiny_lm, DraftModel(draft, method), PROMPTS,
-                                    max_new_tokens=24, sampling=GREEDY, eos_id=eos, tree=tree)
-        np.testing.assert_array_equal(spec.tokens, plain.tokens)
-        np.testing.assert_array_equal(spec.lengths, plain.lengths)
-
-
 def test_a_draft_identical_to_the_target_accepts_a_full_depth_path_every_step(tiny_lm):
     tree = TREES["wide root"]
     out = speculative_generate(tiny_lm, DraftModel(tiny_lm, "greedy"), PROMPTS,
@@ -449,24 +415,6 @@ def test_a_draft_identical_to_the_target_accepts_a_full_depth_path_every_step(ti
     np.testing.assert_array_equal(out.stats.accepted, tree.max_depth * out.stats.target_forwards)
     # The accepted path is always the top-1 branch: nodes 0, 4, 5, 6.
     np.testing.assert_allclose(out.stats.accepted_per_position, [1, 0, 0, 0, 1, 1, 1])
-
-
-@pytest.mark.parametrize("sampling", [
-    SamplingConfig(temperature=1.0),
-    SamplingConfig(temperature=0.7, top_k=4),
-    SamplingConfig(temperature=1.0, top_p=0.8),
-], ids=["t1", "t0.7-topk4", "topp0.8"])
-@pytest.mark.parametrize("method", ["sample", "greedy"])
-def test_tree_sampling_is_exact_chi_square_joint_of_three_tokens(micro_lm, micro_drafts,
-                                                                  sampling, method):
-    """Sampled children (drawn without replacement) and deterministic (top-k) children,
-    verified by the tree walk, give the target's joint of 3 tokens."""
-    tree = TreeShape.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0]])
-    pvalue, out = speculative_joint_pvalue(micro_lm, DraftModel(micro_drafts["close"], method),
-                                           STAT_PROMPT, sampling, rows=STAT_ROWS, seed=104,
-                                           tree=tree)
-    assert pvalue > 1e-3, (pvalue, out.stats.acceptance_rate)
-    assert out.stats.mean_accepted_length > 1.0  # trees were accepted
 
 
 def test_tree_stream_equals_tree_generate(tiny_lm, close_draft):
