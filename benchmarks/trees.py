@@ -122,6 +122,9 @@ def main() -> None:
                            predicted_tau=None if tree is None else
                            1 + tree.expected_accepted_length(analysis_vector))
                 rows.append(row)
+                # Dozens of shapes compile here; dropping the executables between them keeps
+                # the process under the machine's memory-map limit.
+                jax.clear_caches()
                 print(f"{mode:6s} B={batch} {label:12s}: tau {row['tau']:.2f} "
                       f"({row['tau_all_prompts']:.2f} over all prompts), decode "
                       f"{row['decode_speedup']:.2f}x, end to end {row['speedup']:.2f}x, "
