@@ -63,3 +63,13 @@ def micro_drafts(micro_lm) -> dict:
     far = far.with_params(jax.tree.map(lambda x: 3.0 * x, far.params))  # sharper, elsewhere
     return {"close": perturbed(micro_lm, 0.1, seed=2), "far": far}
 
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop JAX's compiled programs after each test module. The suite compiles hundreds of
+    decoders (every drafter, tree and sampling setting); kept in one process they exhaust
+    the memory maps of a CPU backend (LLVM: "Cannot allocate memory", then a crash).
+    Programs are still shared within a module, where the parametrised tests reuse them."""
+    yield
+    jax.clear_caches()

@@ -74,8 +74,14 @@ def test_greedy_output_equals_generate(tiny_lm, close_draft, random_draft, name)
         np.testing.assert_array_equal(spec.lengths, plain.lengths)
 
 
+# Tree entries compile a decoder per sampling setting: their chi-square runs are in the
+# `slow` set (`pytest -m slow`, which CI runs too) to keep the default suite short.
+STAT_CASES = [pytest.param(name, marks=pytest.mark.slow) if ENTRIES[name].tree is not None
+              else name for name in sorted(ENTRIES)]
+
+
 @pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
-@pytest.mark.parametrize("name", sorted(ENTRIES))
+@pytest.mark.parametrize("name", STAT_CASES)
 def test_sampled_output_follows_the_target(micro_lm, micro_drafts, name, sampling):
     entry = ENTRIES[name]
     pvalue, out = speculative_joint_pvalue(

@@ -83,6 +83,7 @@ def _joint_pvalue(target, draft, sampling, num_draft_tokens, seed, *, method="sa
     SamplingConfig(temperature=0.7, top_k=4),
     SamplingConfig(temperature=1.0, top_p=0.8),
 ], ids=["t1", "t0.7-topk4", "topp0.8"])
+@pytest.mark.slow  # `pytest -m slow` (CI runs it); the close draft runs in test_exactness
 @pytest.mark.parametrize("method", ["sample", "greedy"])
 def test_a_far_draft_is_exact_too(micro_lm, micro_drafts, sampling, method):
     """tests/test_exactness.py runs every drafter with a close draft; a draft far from the
