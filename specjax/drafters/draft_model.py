@@ -157,8 +157,9 @@ class DraftModel:
         Deterministic (method "greedy" or a greedy target): the draft's top `ranks` tokens,
         q None. Sampled: drawn without replacement from the warped draft distribution, the
         r-th from it without the first r (that is its q). When the distribution has fewer
-        than `ranks` tokens (top-k, top-p), the extra children get a placeholder token and
-        are marked never-accept, which leaves the verification exact.
+        than `ranks` tokens (top-k, top-p), the extra children get token 0 and are marked
+        never-accept: the target evaluates them, the walk skips them, so the verification
+        stays exact.
         """
         logits_BV = fit_vocab(logits_BV.astype(jnp.float32), vocab_size)
         batch = logits_BV.shape[0]
