@@ -24,6 +24,7 @@ from specjax.speculative_decoding import (
 )
 from specjax.stats import SpeculativeStats
 from specjax.streaming import StreamChunk, speculative_stream
+from specjax.trees import DynamicTree, TreeShape
 
 __version__ = "0.1.0"
 
@@ -32,6 +33,7 @@ __all__ = [
     "CausalLM",
     "DecodeState",
     "DraftModel",
+    "DynamicTree",
     "GenerateOutput",
     "PromptLookup",
     "SamplingConfig",
@@ -40,6 +42,7 @@ __all__ = [
     "SpeculativeState",
     "SpeculativeStats",
     "StreamChunk",
+    "TreeShape",
     "analysis",
     "decode_step",
     "drafters",

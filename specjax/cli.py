@@ -77,7 +77,7 @@ def _trained_length(path: str | None, name: str) -> int | None:
 
 
 def _stream_text(target, drafter, prompt_ids, args, sampling, key, paint, eos_id,
-                 cache_size=None, on_token=None):
+                 cache_size=None, on_token=None, tree=None):
     """Print one row's continuation as it is accepted. Returns the final stats, the
     seconds and tokens of the first step (compile + prefill + one step), and the seconds
     of all the later steps."""
@@ -88,9 +88,10 @@ def _stream_text(target, drafter, prompt_ids, args, sampling, key, paint, eos_id
     stats, first_seconds, first_tokens, start = None, None, 0, time.perf_counter()
     for chunk in specjax.speculative_stream(target, drafter, [prompt_ids],
                                             max_new_tokens=args.max_new_tokens,
-                                            num_draft_tokens=args.num_draft_tokens,
+                                            num_draft_tokens=None if tree else
+                                            args.num_draft_tokens,
                                             sampling=sampling, key=key, eos_id=eos_id,
-                                            cache_size=cache_size):
+                                            cache_size=cache_size, tree=tree):
         if first_seconds is None:
             first_seconds = time.perf_counter() - start
             first_tokens = len(chunk.tokens[0])
@@ -268,7 +269,26 @@ def _validate_generate(args):
                                       min_ngram_size=args.min_ngram_size)
     except ValueError as error:  # the library's own messages, with the option's name
         raise CliError(str(error).replace("num_draft_tokens", "--num-draft-tokens")) from None
-    return sampling, lookup
+    return sampling, lookup, _parse_tree(args)
+
+
+def _parse_tree(args):
+    """`--dynamic-tree NODES,DEPTH,TOP_K` as a DynamicTree (None without the option)."""
+    if args.dynamic_tree is None:
+        return None
+    import specjax
+
+    if args.drafter != "model" or args.no_speculation:
+        raise CliError("--dynamic-tree needs the draft model (--drafter model, speculation on)")
+    parts = args.dynamic_tree.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise CliError(f"--dynamic-tree takes NODES,DEPTH,TOP_K (three integers, e.g. "
+                       f"16,6,4), got {args.dynamic_tree!r}")
+    nodes, depth, top_k = (int(p) for p in parts)
+    try:
+        return specjax.DynamicTree(num_nodes=nodes, max_depth=depth, top_k=top_k)
+    except ValueError as error:
+        raise CliError(f"--dynamic-tree: {error}") from None
 
 
 def _read_prompt(args) -> str:
@@ -285,7 +305,7 @@ def _read_prompt(args) -> str:
 
 
 def _generate(args) -> int:
-    sampling, lookup = _validate_generate(args)
+    sampling, lookup, tree = _validate_generate(args)
     text = _read_prompt(args)
     import jax
     import numpy as np
@@ -306,7 +326,8 @@ def _generate(args) -> int:
         drafter.check(target, sampling)  # the library's vocabulary check, before decoding
     tokenizer = specjax_models.ByteTokenizer()
     ids = tokenizer.encode(text)
-    extra = args.num_draft_tokens + 1 if speculative else 0
+    num_nodes = tree.num_nodes if tree else args.num_draft_tokens
+    extra = num_nodes + 1 if speculative else 0
     try:
         capacity = plan_capacity(np.array([len(ids)]), args.max_new_tokens, target.max_seq_len,
                                  extra_slots=extra)
@@ -325,9 +346,10 @@ def _generate(args) -> int:
             return specjax.generate(target, [ids], max_new_tokens=n, sampling=sampling,
                                     key=key, eos_id=eos, cache_size=capacity)
         return specjax.speculative_generate(target, drafter, [ids], max_new_tokens=n,
-                                            num_draft_tokens=args.num_draft_tokens,
+                                            num_draft_tokens=None if tree else
+                                            args.num_draft_tokens,
                                             sampling=sampling, key=key, eos_id=eos,
-                                            cache_size=capacity)
+                                            cache_size=capacity, tree=tree)
 
     if args.json or not speculative:
         # Compile on a 1-token request with the same shapes, then time the real one.
@@ -351,7 +373,7 @@ def _generate(args) -> int:
         try:
             stats, first_s, first_tokens, rest_s = _stream_text(
                 target, drafter, ids, args, sampling, key, _painter(_use_colour(args.color)),
-                eos, capacity, on_token=generated.append)
+                eos, capacity, on_token=generated.append, tree=tree)
         except KeyboardInterrupt:  # what was generated so far is already on the screen
             print(flush=True)
             _say(f"specjax generate: interrupted after {len(generated)} tokens")
@@ -562,6 +584,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="at most this many new tokens (default: %(default)s)")
     gen.add_argument("--greedy-draft", action="store_true",
                      help="draft argmax tokens with one-hot q (exact too)")
+    gen.add_argument("--dynamic-tree", default=None, metavar="NODES,DEPTH,TOP_K",
+                     help="draft an EAGLE-2 dynamic token tree per step instead of a chain "
+                          "of K: NODES verified per target forward, at most DEPTH deep, "
+                          "expanding the TOP_K best nodes per level (e.g. 16,6,4; default: "
+                          "a chain)")
     gen.add_argument("--drafter", choices=["model", "prompt-lookup"], default="model",
                      help="the draft model, or n-gram lookup in the prompt and output "
                           "(default: %(default)s)")

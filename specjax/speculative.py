@@ -24,7 +24,7 @@ from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.rejection import accept_greedy, accept_sampled
 from specjax.sampling import SamplingConfig, probabilities
 from specjax.tree_acceptance import accept_tree_greedy, accept_tree_sampled
-from specjax.trees import TreeShape, ancestor_mask
+from specjax.trees import DynamicTree, TreeShape, ancestor_mask, tree_depths
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,13 +32,14 @@ class SpeculativeConfig:
     """Static settings of a speculative step (frozen, hashable).
 
     num_draft_tokens: N, the nodes verified per target forward (K for a chain).
-    tree: a static `TreeShape` of N nodes (drafters then propose that tree), or None for a
-      chain of K drafts (the fast path).
+    tree: a static `TreeShape` of N nodes (drafters then propose that tree), a
+      `DynamicTree` budget of N nodes (drafters grow a tree per row and return its
+      parents), or None for a chain of K drafts (the fast path).
     """
 
     num_draft_tokens: int
     sampling: SamplingConfig = SamplingConfig()
-    tree: TreeShape | None = None
+    tree: TreeShape | DynamicTree | None = None
 
     def __post_init__(self):
         k = self.num_draft_tokens
@@ -48,8 +49,8 @@ class SpeculativeConfig:
         if not isinstance(self.sampling, SamplingConfig):
             raise TypeError(f"sampling must be a SamplingConfig, got {type(self.sampling)}")
         if self.tree is not None:
-            if not isinstance(self.tree, TreeShape):
-                raise TypeError(f"tree must be a specjax.trees.TreeShape, got "
+            if not isinstance(self.tree, (TreeShape, DynamicTree)):
+                raise TypeError(f"tree must be a specjax.trees.TreeShape or DynamicTree, got "
                                 f"{type(self.tree).__name__}")
             if self.tree.num_nodes != self.num_draft_tokens:
                 raise ValueError(f"the tree has {self.tree.num_nodes} nodes but "
@@ -67,7 +68,9 @@ class SpeculativeState:
     done bool [B]; key (the one PRNG key); max_new_tokens int32 scalar and eos_ids int32
     [E] (traced: new values do not recompile; -1 entries are no EOS). Counters per row,
     int32: target_forwards, draft_forwards, proposed, checked (drafts up to and
-    including the first rejection), accepted, accepted_per_position [B, K]. Last step, per row:
+    including the first rejection), accepted, accepted_per_position [B, K] (steps whose
+    accepted path holds node j), accepted_length_counts [B, K+1] (steps that accepted d
+    nodes, d = 0..K; for a tree, the accepted depth). Last step, per row:
     step_accepted (drafts accepted), step_emitted (tokens committed). num_steps: verify
     forwards run for the batch.
     """
@@ -87,6 +90,7 @@ class SpeculativeState:
     checked: Int[Array, " B"]
     accepted: Int[Array, " B"]
     accepted_per_position: Int[Array, "B K"]
+    accepted_length_counts: Int[Array, "B K+1"]
     step_accepted: Int[Array, " B"]
     step_emitted: Int[Array, " B"]
     num_steps: Int[Array, ""]
@@ -114,7 +118,7 @@ def check_config_matches_state(state: SpeculativeState, config: SpeculativeConfi
 
 
 def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int, vocab_size: int,
-                   tree: TreeShape | None = None) -> None:
+                   tree: TreeShape | DynamicTree | None = None) -> None:
     """Refuse (at trace time) a proposal that breaks the drafter contract, naming the
     drafter, the field and the expected shape."""
     name = type(drafter).__name__
@@ -122,12 +126,14 @@ def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int, vocab_s
         raise TypeError(f"{name}.propose must return (state, specjax.drafters.Proposal), got "
                         f"{type(proposal).__name__}")
     expected = {"tokens": (batch, num_draft_tokens), "q": (batch, num_draft_tokens, vocab_size),
-                "never_accept": (batch, num_draft_tokens)}
+                "never_accept": (batch, num_draft_tokens), "parents": (batch, num_draft_tokens)}
     meaning = {"tokens": "int [batch, num_draft_tokens]",
                "q": "float [batch, num_draft_tokens, target vocab_size]: the distribution "
                     "each draft was drawn from, over the TARGET's vocabulary (give ids the "
                     "draft lacks probability 0)",
-               "never_accept": "bool [batch, num_draft_tokens]"}
+               "never_accept": "bool [batch, num_draft_tokens]",
+               "parents": "int [batch, num_draft_tokens]: each node's parent, -1 for the "
+                          "root, an earlier node otherwise"}
     if proposal.q is None and tree is None:
         raise ValueError(f"{name}.propose returned Proposal.q = None (deterministic drafts), "
                          "which only a tree step verifies without q; for a chain return the "
@@ -135,6 +141,15 @@ def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int, vocab_s
     if proposal.never_accept is not None and tree is None:
         raise ValueError(f"{name}.propose marked nodes never_accept, which needs a tree step "
                          "(SpeculativeConfig(tree=...)); a chain accepts a prefix")
+    dynamic = isinstance(tree, DynamicTree)
+    if dynamic and proposal.parents is None:
+        raise ValueError(f"{name}.propose returned Proposal.parents = None for a DynamicTree "
+                         "step: a dynamic tree differs per row, so the proposal must say each "
+                         "node's parent")
+    if not dynamic and proposal.parents is not None:
+        raise ValueError(f"{name}.propose returned Proposal.parents, but the step's tree is "
+                         f"{'a chain' if tree is None else 'a static TreeShape'}, whose "
+                         "shape the config fixes; return parents only for a DynamicTree")
     for field, shape in expected.items():
         value = getattr(proposal, field)
         if value is not None and tuple(value.shape) != shape:
@@ -143,6 +158,10 @@ def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int, vocab_s
     if not jnp.issubdtype(proposal.tokens.dtype, jnp.integer):
         raise TypeError(f"{name}.propose returned Proposal.tokens of dtype "
                         f"{proposal.tokens.dtype}; token ids must be integers")
+    if proposal.parents is not None and not jnp.issubdtype(proposal.parents.dtype,
+                                                            jnp.integer):
+        raise TypeError(f"{name}.propose returned Proposal.parents of dtype "
+                        f"{proposal.parents.dtype}; parent indices must be integers")
     if proposal.q is not None and not jnp.issubdtype(proposal.q.dtype, jnp.floating):
         raise TypeError(f"{name}.propose returned Proposal.q of dtype {proposal.q.dtype}; "
                         "q must be floating-point probabilities")
@@ -170,8 +189,17 @@ def propose(drafter, state: SpeculativeState, key: Array, config: SpeculativeCon
         vocab_size=vocab_size, **extra)
     check_proposal(drafter, proposal, state.lengths.shape[0], config.num_draft_tokens,
                    vocab_size, tree=config.tree)
-    return drafter_state, dataclasses.replace(proposal,
-                                              tokens=proposal.tokens.astype(jnp.int32))
+    parents = None if proposal.parents is None else proposal.parents.astype(jnp.int32)
+    return drafter_state, dataclasses.replace(
+        proposal, tokens=proposal.tokens.astype(jnp.int32), parents=parents)
+
+
+def tree_parents(proposal: Proposal, config: SpeculativeConfig) -> Array:
+    """int32 [B, N]: the proposal's tree (the static tree's parents, or the dynamic tree's
+    own per row)."""
+    if isinstance(config.tree, DynamicTree):
+        return proposal.parents
+    return config.tree.parents_array(proposal.tokens.shape[0])
 
 
 def feature_layers_of(drafter) -> tuple[int, ...] | None:
@@ -194,6 +222,10 @@ def verify(target: CausalLM, state: SpeculativeState, proposal: Proposal,
     if config.tree is None:
         depths_N1 = jnp.arange(config.num_draft_tokens + 1, dtype=jnp.int32)[None]
         new_mask = None  # causal
+    elif isinstance(config.tree, DynamicTree):
+        depths_N1 = jnp.concatenate([jnp.zeros_like(lengths_B)[:, None],
+                                     tree_depths(proposal.parents)], axis=1)
+        new_mask = ancestor_mask(proposal.parents)
     else:
         depths_N1 = jnp.asarray((0,) + config.tree.depths, jnp.int32)[None]
         new_mask = ancestor_mask(config.tree.parents_array(lengths_B.shape[0]))
@@ -220,7 +252,7 @@ def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
         bounds = {"max_depth": config.tree.max_depth,
                   "max_branching": config.tree.max_branching,
                   "never_accept_BN": proposal.never_accept}
-        parents_BN = config.tree.parents_array(proposal.tokens.shape[0])
+        parents_BN = tree_parents(proposal, config)
         if sampling.greedy:
             walk = accept_tree_greedy(proposal.tokens, parents_BN, logits_BN1V, **bounds)
         else:
@@ -310,6 +342,9 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
         accepted=state.accepted + active_i * num_accepted_B,
         accepted_per_position=state.accepted_per_position
         + (on_path_BN & active_B[:, None]).astype(jnp.int32),
+        accepted_length_counts=state.accepted_length_counts
+        + ((num_accepted_B[:, None] == jnp.arange(num_nodes + 1)[None])
+           & active_B[:, None]).astype(jnp.int32),
         step_accepted=jnp.where(active_B, jnp.minimum(num_accepted_B, num_emitted_B), 0),
         step_emitted=num_emitted_B,
         num_steps=state.num_steps + jnp.any(active_B).astype(jnp.int32))

@@ -28,7 +28,7 @@ from specjax.speculative import (
     speculative_step,
 )
 from specjax.stats import SpeculativeStats
-from specjax.trees import TreeShape
+from specjax.trees import DynamicTree, TreeShape
 
 
 def as_drafter(draft):
@@ -69,20 +69,22 @@ def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengt
         eos_ids=eos_ids, target_forwards=zeros, draft_forwards=zeros, proposed=zeros,
         checked=zeros, accepted=zeros,
         accepted_per_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
+        accepted_length_counts=jnp.zeros((batch, num_draft_tokens + 1), jnp.int32),
         step_accepted=zeros, step_emitted=zeros, num_steps=jnp.zeros((), jnp.int32))
 
 
 def speculative_config(num_draft_tokens: int | None, sampling: SamplingConfig,
-                       tree: TreeShape | None) -> SpeculativeConfig:
+                       tree: TreeShape | DynamicTree | None) -> SpeculativeConfig:
     """The step's static config; with a tree, num_draft_tokens defaults to its nodes."""
     if num_draft_tokens is None:
         if tree is None:
-            raise TypeError("num_draft_tokens is required (or pass tree=TreeShape...)")
+            raise TypeError("num_draft_tokens is required (or pass tree=TreeShape(...) or "
+                            "DynamicTree(...))")
         num_draft_tokens = tree.num_nodes
     return SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling, tree=tree)
 
 
-def check_tree_support(target: CausalLM, drafter, tree: TreeShape | None) -> None:
+def check_tree_support(target: CausalLM, drafter, tree: TreeShape | DynamicTree | None) -> None:
     """Refuse, on the host, a tree that the drafter cannot draft or the target cannot
     compact."""
     if tree is None:
@@ -90,6 +92,14 @@ def check_tree_support(target: CausalLM, drafter, tree: TreeShape | None) -> Non
     if not getattr(drafter, "drafts_trees", False):
         raise ValueError(f"{type(drafter).__name__} drafts chains only; pass tree=None, or a "
                          "drafter that drafts trees (specjax.DraftModel)")
+    if isinstance(tree, DynamicTree):
+        if not getattr(drafter, "drafts_dynamic_trees", False):
+            raise ValueError(f"{type(drafter).__name__} drafts static trees only; pass a "
+                             "TreeShape, or a drafter that grows dynamic trees "
+                             "(specjax.DraftModel)")
+        if tree.top_k > target.vocab_size:
+            raise ValueError(f"DynamicTree(top_k={tree.top_k}) exceeds the target's "
+                             f"vocab_size {target.vocab_size}")
     if not tree.is_chain and target.compact_fn is None:
         raise ValueError("the target has no compact_fn, which a token tree needs to move its "
                          "accepted path into contiguous cache slots")
@@ -101,13 +111,15 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
                            key: Array | None = None,
                            eos_id: int | Sequence[int] | None = None,
                            prompt_lengths=None, cache_size: int | None = None,
-                           tree: TreeShape | None = None) -> tuple[SpeculativeState, Any]:
+                           tree: TreeShape | DynamicTree | None = None
+                           ) -> tuple[SpeculativeState, Any]:
     """Validate the inputs on the host, then prefill target and drafter.
 
     `cache_size` pins the slots of the caches and the token buffer (by default a power of
     two >= longest prompt + max_new_tokens + N + 1); too small a value is refused.
     `tree` (a `specjax.trees.TreeShape`) makes every step draft and verify that tree of
-    N = tree.num_nodes nodes instead of a chain of K = num_draft_tokens.
+    N = tree.num_nodes nodes instead of a chain of K = num_draft_tokens; a
+    `specjax.trees.DynamicTree` makes the drafter grow its own tree of N nodes per row.
     Returns `(state, drafter)`; pass both to `speculative_step` with
     `SpeculativeConfig(num_draft_tokens=..., sampling=..., tree=...)`.
     """
@@ -160,7 +172,7 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
                          eos_id: int | Sequence[int] | None = None,
                          prompt_lengths=None, pad_id: int = 0,
                          cache_size: int | None = None,
-                         tree: TreeShape | None = None) -> SpeculativeOutput:
+                         tree: TreeShape | DynamicTree | None = None) -> SpeculativeOutput:
     """Speculative decoding of a batch of prompts in one jit and one `lax.while_loop`.
 
     Args:
@@ -174,7 +186,9 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
       cache_size: optional fixed cache length (see `init_speculative_state`).
       tree: a static `specjax.trees.TreeShape` (e.g. `TreeShape.from_paths([[0], [1],
         [0, 0]])`): each step drafts that tree and verifies all its nodes in one forward;
-        the drafter must draft trees (`DraftModel` does).
+        or a `specjax.trees.DynamicTree(num_nodes, max_depth, top_k)`: each step the
+        drafter grows an EAGLE-2 tree of that budget per row. The drafter must draft
+        trees (`DraftModel` does both).
 
     Returns:
       `SpeculativeOutput(tokens [B, max_new_tokens], lengths [B], stats)`. A block that

@@ -21,6 +21,10 @@ class SpeculativeStats:
       correction token; plain AR = 1.0).
     accepted_per_position [N]: fraction of verify steps whose accepted path contains node
       j (for a chain: draft j was accepted).
+    accepted_length_distribution [N+1]: fraction of verify steps that accepted d nodes,
+      d = 0..N (for a tree, the accepted depth; entries past the tree's depth are 0).
+    nodes_per_step: nodes (drafts) the target verified per forward, besides the last
+      committed token (N; a row's count stops when it finishes).
     target_forwards / draft_forwards: per row, while the row was running (prefill
     excluded); emitted / proposed / accepted / checked: per-row counts; num_steps:
     batched verify forwards run.
@@ -30,6 +34,8 @@ class SpeculativeStats:
     position_acceptance_rate: float
     mean_accepted_length: float
     accepted_per_position: np.ndarray
+    accepted_length_distribution: np.ndarray
+    nodes_per_step: float
     target_forwards: np.ndarray
     draft_forwards: np.ndarray
     emitted: np.ndarray
@@ -39,26 +45,32 @@ class SpeculativeStats:
     row_acceptance_rate: np.ndarray
     row_mean_accepted_length: np.ndarray
     row_accepted_per_position: np.ndarray
+    row_accepted_length_counts: np.ndarray
     num_steps: int
 
     @classmethod
     def from_counts(cls, *, proposed, accepted, checked, emitted, target_forwards,
-                    draft_forwards, accepted_per_position, num_steps: int) -> SpeculativeStats:
-        """Stats from per-row counts (numpy [B]; accepted_per_position [B, K])."""
-        proposed, accepted, checked, emitted, forwards, per_pos = (
+                    draft_forwards, accepted_per_position, accepted_length_counts,
+                    num_steps: int) -> SpeculativeStats:
+        """Stats from per-row counts (numpy [B]; accepted_per_position [B, K];
+        accepted_length_counts [B, K+1])."""
+        proposed, accepted, checked, emitted, forwards, per_pos, length_counts = (
             np.asarray(x) for x in (proposed, accepted, checked, emitted, target_forwards,
-                                    accepted_per_position))
+                                    accepted_per_position, accepted_length_counts))
         safe = lambda n: np.maximum(n, 1)
         return cls(
             acceptance_rate=float(accepted.sum() / max(proposed.sum(), 1)),
             position_acceptance_rate=float(accepted.sum() / max(checked.sum(), 1)),
             mean_accepted_length=float(emitted.sum() / max(forwards.sum(), 1)),
             accepted_per_position=per_pos.sum(0) / max(forwards.sum(), 1),
+            accepted_length_distribution=length_counts.sum(0) / max(forwards.sum(), 1),
+            nodes_per_step=float(proposed.sum() / max(forwards.sum(), 1)),
             target_forwards=forwards, draft_forwards=np.asarray(draft_forwards),
             emitted=emitted, proposed=proposed, accepted=accepted, checked=checked,
             row_acceptance_rate=accepted / safe(proposed),
             row_mean_accepted_length=emitted / safe(forwards),
             row_accepted_per_position=per_pos / safe(forwards)[:, None],
+            row_accepted_length_counts=length_counts,
             num_steps=int(num_steps))
 
     @classmethod
@@ -67,9 +79,10 @@ class SpeculativeStats:
         host = jax.device_get(
             (state.proposed, state.accepted, state.checked, state.lengths - state.prompt_lengths,
              state.target_forwards, state.draft_forwards, state.accepted_per_position,
-             state.num_steps))
+             state.accepted_length_counts, state.num_steps))
         names = ("proposed", "accepted", "checked", "emitted", "target_forwards",
-                 "draft_forwards", "accepted_per_position", "num_steps")
+                 "draft_forwards", "accepted_per_position", "accepted_length_counts",
+                 "num_steps")
         return cls.from_counts(**dict(zip(names, host, strict=True)))
 
     @classmethod
@@ -89,6 +102,7 @@ class SpeculativeStats:
             emitted=join("emitted"), target_forwards=join("target_forwards"),
             draft_forwards=join("draft_forwards"),
             accepted_per_position=np.rint(per_pos).astype(np.int64),
+            accepted_length_counts=join("row_accepted_length_counts"),
             num_steps=sum(p.num_steps for p in parts))
 
     def as_dict(self) -> dict:

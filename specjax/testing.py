@@ -162,7 +162,7 @@ def speculative_joint_pvalue(target: CausalLM, drafter, prompt: list[int],
                              rows: int = 30_000, num_tokens: int = 3, seed: int = 0,
                              tree=None) -> tuple[float, SpeculativeOutput]:
     """Chi-square p-value of the first `num_tokens` tokens that speculative decoding with
-    `drafter` (a CausalLM or any drafter; with `tree`, a static TreeShape) generates after
+    `drafter` (a CausalLM or any drafter; with `tree`, a TreeShape or DynamicTree) generates after
     `prompt`, over `rows` rows in one batched call, against the target's exactly
     enumerated joint. Returns the p-value and the output (its stats show that speculation
     happened: acceptance in (0, 1))."""

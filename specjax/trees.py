@@ -5,9 +5,11 @@ last committed token, the root) or an earlier node; siblings are in draw order. 
 chain of K drafts is the tree with parents (-1, 0, 1, ..., K-2).
 
 `TreeShape` is a static tree (the same for every row), built from a list of paths of child
-ranks as Medusa and EAGLE-1 write them. The traced helpers (`tree_depths`,
-`ancestor_mask`, `children_table`) work per row on `parents[B, N]`, so dynamic trees
-(EAGLE-2, a different tree in every row) use the same verification.
+ranks as Medusa and EAGLE-1 write them, or by `TreeShape.sequoia`. `DynamicTree` is the
+budget of a tree that the drafter grows per row inside jit (EAGLE-2,
+`specjax.dynamic_trees`); its proposals carry their own `parents[B, N]`. The traced
+helpers (`tree_depths`, `ancestor_mask`, `children_table`) work per row on
+`parents[B, N]`, so both kinds use the same verification.
 """
 
 from __future__ import annotations
@@ -150,6 +152,49 @@ class TreeShape:
 
     def parents_array(self, batch: int) -> Int[Array, "B N"]:
         return jnp.broadcast_to(jnp.asarray(self.parents, jnp.int32), (batch, self.num_nodes))
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTree:
+    """The budget of an EAGLE-2 dynamic tree (Li et al. 2024), grown per row inside jit.
+
+    The drafter expands, at each depth, the `top_k` nodes with the highest cumulative draft
+    log-probability into their `top_k` most probable children, down to `max_depth`; then
+    it reranks every drafted node by that score and keeps the best `num_nodes` (an
+    ancestor-closed set: a child never scores above its parent). Every row gets its own
+    tree, so `Proposal.parents` carries it. Children are the draft's top-k (deterministic):
+    the selection looks at the drafted tokens' scores, which a sampled draw could not
+    survive exactly, and deterministic children are exact at every temperature.
+    """
+
+    num_nodes: int
+    max_depth: int
+    top_k: int
+
+    def __post_init__(self):
+        for name in ("num_nodes", "max_depth", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"DynamicTree.{name} must be an int >= 1, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if self.num_nodes > self.pool_size:
+            raise ValueError(
+                f"DynamicTree(num_nodes={self.num_nodes}) exceeds the {self.pool_size} nodes "
+                f"that max_depth={self.max_depth} and top_k={self.top_k} draft (top_k + "
+                "(max_depth - 1) * top_k**2); lower num_nodes or raise max_depth / top_k")
+
+    @property
+    def pool_size(self) -> int:
+        """Nodes drafted before the rerank: top_k at depth 1, top_k**2 at each later depth."""
+        return self.top_k + (self.max_depth - 1) * self.top_k ** 2
+
+    @property
+    def max_branching(self) -> int:
+        return self.top_k
+
+    @property
+    def is_chain(self) -> bool:
+        return False
 
 
 def tree_depths(parents_BN: Int[Array, "B N"]) -> Int[Array, "B N"]:

@@ -36,6 +36,12 @@ def test_generate_json_speculative_equals_plain_greedy():
     lookup_out = json.loads(lookup.stdout)
     assert lookup_out["tokens"] == plain_out["tokens"]
     assert lookup_out["stats"]["draft_forwards"] == [0]
+    tree = run("generate", prompt, "--json", "--max-new-tokens", "40", "--dynamic-tree",
+               "12,4,3")
+    assert tree.returncode == 0, tree.stderr
+    tree_out = json.loads(tree.stdout)
+    assert tree_out["tokens"] == plain_out["tokens"]
+    assert tree_out["stats"]["nodes_per_step"] == 12
 
 
 def test_demo_streams_and_explains_its_speed():
@@ -57,6 +63,10 @@ def test_demo_streams_and_explains_its_speed():
     (["generate", "x", "--top-p", "0"], "top_p must be in"),
     (["generate", "x", "--max-ngram-size", "0"], "max_ngram_size must be an int >= 1"),
     (["generate", "x", "--max-new-tokens", "5000"], "exceed the model's max_seq_len"),
+    (["generate", "x", "--dynamic-tree", "16,6"], "--dynamic-tree takes NODES,DEPTH,TOP_K"),
+    (["generate", "x", "--dynamic-tree", "99,2,3"], "exceeds the 12 nodes"),
+    (["generate", "x", "--dynamic-tree", "8,3,2", "--drafter", "prompt-lookup"],
+     "--dynamic-tree needs the draft model"),
     (["distill", "--target", "/nope", "--draft", "/nope", "--out", "/tmp/x"],
      "/nope does not exist"),
 ])

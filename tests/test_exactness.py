@@ -21,10 +21,11 @@ import pytest
 import specjax
 from specjax import GREEDY, DraftModel, PromptLookup, SamplingConfig
 from specjax.testing import speculative_joint_pvalue
-from specjax.trees import TreeShape
+from specjax.trees import DynamicTree, TreeShape
 
 STATIC_TREE = TreeShape.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
 SEQUOIA_TREE = TreeShape.sequoia([0.6, 0.25, 0.1], num_nodes=8, max_depth=4)
+DYNAMIC_TREE = DynamicTree(num_nodes=8, max_depth=4, top_k=3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Entry:
 
     make: object  # draft CausalLM -> drafter
     num_draft_tokens: int | None = 3
-    tree: TreeShape | None = None
+    tree: TreeShape | DynamicTree | None = None
     stat_prompt: tuple = (1, 5, 2)  # the prompt of the chi-square test
 
 
@@ -51,6 +52,8 @@ ENTRIES = {
                                                 SEQUOIA_TREE),
     "draft model, Sequoia tree, top-k": Entry(lambda d: DraftModel(d, "greedy"), None,
                                               SEQUOIA_TREE),
+    # EAGLE-2: a different tree per row, grown from the draft's top-k (deterministic).
+    "draft model, dynamic tree, top-k": Entry(lambda d: DraftModel(d), None, DYNAMIC_TREE),
 }
 SAMPLINGS = {"t1": SamplingConfig(temperature=1.0),
              "t0.7-topk4": SamplingConfig(temperature=0.7, top_k=4),

@@ -23,7 +23,7 @@ from specjax.testing import (
     table_lm,
     unigram_lm,
 )
-from specjax.trees import TreeShape
+from specjax.trees import DynamicTree, TreeShape
 
 PROMPTS = [[1, 2, 3, 4], [7, 7], [30, 2, 5, 9, 11, 3], [4]]
 
@@ -418,6 +418,50 @@ def test_a_draft_identical_to_the_target_accepts_a_full_depth_path_every_step(ti
     np.testing.assert_allclose(out.stats.accepted_per_position, [1, 0, 0, 0, 1, 1, 1])
 
 
+def test_an_identical_draft_accepts_every_dynamic_tree_to_its_depth(tiny_lm):
+    """With top_k = 1 a dynamic tree is the draft's greedy chain: an identical draft is
+    accepted to full depth every step. Wider trees accept the target's argmax path as
+    deep as the tree holds it; the depth histogram says how deep that was."""
+    chain = DynamicTree(num_nodes=4, max_depth=4, top_k=1)
+    out = speculative_generate(tiny_lm, DraftModel(tiny_lm), PROMPTS, max_new_tokens=30,
+                               sampling=GREEDY, tree=chain)
+    np.testing.assert_array_equal(out.stats.accepted, 4 * out.stats.target_forwards)
+    np.testing.assert_allclose(out.stats.accepted_length_distribution, [0, 0, 0, 0, 1])
+    wide = DynamicTree(num_nodes=30, max_depth=4, top_k=3)
+    out = speculative_generate(tiny_lm, DraftModel(tiny_lm), PROMPTS, max_new_tokens=30,
+                               sampling=GREEDY, tree=wide)
+    depths = out.stats.accepted_length_distribution
+    assert depths.shape == (31,) and depths[0] == 0 and np.all(depths[5:] == 0)
+    np.testing.assert_allclose(depths.sum(), 1.0)
+    np.testing.assert_array_equal(out.stats.row_accepted_length_counts.sum(1),
+                                  out.stats.target_forwards)
+    assert out.stats.nodes_per_step == 30
+
+
+def test_dynamic_tree_proposals_must_carry_their_parents(tiny_lm):
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass(frozen=True)
+    class Orphans(DraftModel):
+        def propose(self, *args, **kwargs):
+            state, proposal = super().propose(*args, **kwargs)
+            return state, dataclasses.replace(proposal, parents=None)
+
+    with pytest.raises(ValueError, match="Orphans.propose returned Proposal.parents = None"):
+        speculative_generate(tiny_lm, Orphans(tiny_lm), PROMPTS, max_new_tokens=4,
+                             sampling=GREEDY, tree=DynamicTree(4, 2, 2))
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass(frozen=True)
+    class Adopter(DraftModel):
+        def propose(self, state, context, key, **kwargs):
+            state, proposal = super().propose(state, context, key, **kwargs)
+            return state, dataclasses.replace(proposal, parents=jnp.zeros_like(proposal.tokens))
+
+    with pytest.raises(ValueError, match="return parents only for a DynamicTree"):
+        speculative_generate(tiny_lm, Adopter(tiny_lm), PROMPTS, max_new_tokens=4,
+                             sampling=GREEDY, tree=TREES["binary depth 3"])
+
+
 def test_tree_stream_equals_tree_generate(tiny_lm, close_draft):
     tree = TREES["binary depth 3"]
     kwargs = dict(max_new_tokens=16, sampling=SamplingConfig(temperature=1.0),
@@ -440,6 +484,12 @@ def test_trees_are_refused_where_they_cannot_run(tiny_lm):
     with pytest.raises(ValueError, match="the tree has 6 nodes but num_draft_tokens=4"):
         speculative_generate(tiny_lm, tiny_lm, PROMPTS, max_new_tokens=4, num_draft_tokens=4,
                              sampling=GREEDY, tree=tree)
+    with pytest.raises(ValueError, match="exceeds the target's vocab_size 32"):
+        speculative_generate(tiny_lm, tiny_lm, PROMPTS, max_new_tokens=4, sampling=GREEDY,
+                             tree=DynamicTree(num_nodes=40, max_depth=2, top_k=33))
+    with pytest.raises(ValueError, match="PromptLookup drafts chains only"):
+        speculative_generate(tiny_lm, specjax.PromptLookup(), PROMPTS, max_new_tokens=4,
+                             sampling=GREEDY, tree=DynamicTree(4, 2, 2))
     table = table_lm(np.zeros((32, 32)))
     table = specjax.CausalLM(table.params, table.apply_fn, table.init_cache_fn,
                              vocab_size=32)  # a hand-written model without compaction

@@ -23,6 +23,14 @@ def test_merging_runs_equals_one_batched_run(tiny_lm):
     for name in ("acceptance_rate", "position_acceptance_rate", "mean_accepted_length"):
         assert getattr(merged, name) == pytest.approx(getattr(batched, name))
     np.testing.assert_allclose(merged.accepted_per_position, batched.accepted_per_position)
+    np.testing.assert_array_equal(merged.row_accepted_length_counts,
+                                  batched.row_accepted_length_counts)
+    np.testing.assert_allclose(merged.accepted_length_distribution,
+                               batched.accepted_length_distribution)
+    # The depth histogram agrees with the accepted counts it summarises.
+    depths = np.arange(4)
+    np.testing.assert_array_equal(batched.row_accepted_length_counts @ depths, batched.accepted)
+    assert batched.nodes_per_step == 3
     assert merged.num_steps >= batched.num_steps  # three loops run at least as many steps
 
 

@@ -8,7 +8,10 @@ state and three pure functions, all called inside the jitted speculative step:
    -> (state, Proposal)`: K draft tokens per row and the distribution each was drawn from.
    A drafter that drafts token trees sets `drafts_trees = True` and also takes
    `tree=TreeShape` (then it proposes the tree's N nodes in its node order, with q or
-   None for deterministic children); `forwards_per_step` takes the same `tree=`.
+   None for deterministic children); `forwards_per_step` takes the same `tree=`. One
+   that also grows EAGLE-2 trees sets `drafts_dynamic_trees = True` and takes
+   `tree=DynamicTree` (then it returns its own tree per row in `Proposal.parents`;
+   `specjax.dynamic_trees.grow_dynamic_tree` does the growing).
 - `commit(state, Commit) -> state`: after verification, with every row's accepted count
    and accepted path.
 
@@ -59,12 +62,16 @@ class Proposal:
     (top-k / argmax / copied: a tree step then accepts x with probability p(x); a chain
     needs the one-hot q). Exactness depends on q being exactly that distribution, over the
     TARGET's vocabulary. never_accept: optional bool [B, N], nodes the target evaluates
-    but the walk never accepts (lookahead, adaptive length; trees only).
+    but the walk never accepts (lookahead, adaptive length; trees only). parents: int32
+    [B, N], each node's parent (-1 = the last committed token, else an earlier node;
+    siblings in draw order), only for a `DynamicTree` step, where each row has its own
+    tree (a chain or a static tree's shape is in the config).
     """
 
     tokens: Int[Array, "B N"]
     q: Float[Array, "B N V"] | None
     never_accept: Bool[Array, "B N"] | None = None
+    parents: Int[Array, "B N"] | None = None
 
 
 @jax.tree_util.register_dataclass

@@ -20,8 +20,9 @@ from jax import Array
 
 from specjax.causal_lm import CausalLM, prefill
 from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
 from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
-from specjax.trees import TreeShape, ancestor_mask
+from specjax.trees import DynamicTree, TreeShape, ancestor_mask
 
 DRAFT_METHODS = ("sample", "greedy")
 
@@ -90,10 +91,13 @@ class DraftModel:
                 "tokenizer. If one vocabulary really is a padded prefix of the other, pass "
                 f"DraftModel(..., max_vocab_padding={diff})")
 
-    # Trees: `propose(..., tree=TreeShape)` drafts every node of a static tree.
+    # Trees: `propose(..., tree=TreeShape)` drafts every node of a static tree;
+    # `tree=DynamicTree` grows an EAGLE-2 tree per row.
     drafts_trees: ClassVar[bool] = True
+    drafts_dynamic_trees: ClassVar[bool] = True
 
-    def forwards_per_step(self, num_draft_tokens: int, tree: TreeShape | None = None) -> int:
+    def forwards_per_step(self, num_draft_tokens: int,
+                          tree: TreeShape | DynamicTree | None = None) -> int:
         return num_draft_tokens if tree is None else tree.max_depth
 
     # -- traced ----------------------------------------------------------------------------
@@ -119,7 +123,10 @@ class DraftModel:
 
     def propose(self, state: DraftModelState, context: DraftContext, key: Array, *,
                 num_draft_tokens: int, sampling: SamplingConfig, vocab_size: int,
-                tree: TreeShape | None = None) -> tuple[DraftModelState, Proposal]:
+                tree: TreeShape | DynamicTree | None = None
+                ) -> tuple[DraftModelState, Proposal]:
+        if isinstance(tree, DynamicTree):
+            return self._propose_dynamic_tree(state, context, tree, sampling, vocab_size)
         if tree is not None:
             return self._propose_tree(state, context, key, tree, sampling, vocab_size)
         lengths_B = context.lengths
@@ -181,6 +188,58 @@ class DraftModel:
             q_BV = jnp.where(jnp.arange(vocab_size)[None] == token_B[:, None], 0.0, q_BV)
         return (jnp.stack(tokens, axis=1), jnp.stack(qs, axis=1), jnp.stack(never, axis=1))
 
+    def _catch_up(self, state: DraftModelState, context: DraftContext,
+                  depth: int) -> tuple[Any, Array]:
+        """The first forward of a tree step: feed the D + 1 slots from the draft's cache
+        length on (every committed token it has not seen, the last one, the root,
+        included; the rest is scratch). Returns the cache and the logits at the root."""
+        lengths_B, start_B = context.lengths, state.cache_lengths
+        offsets_D1 = jnp.arange(depth + 1, dtype=jnp.int32)
+        catch_up_BD1 = jnp.take_along_axis(
+            context.sequence, jnp.minimum(start_B[:, None] + offsets_D1[None],
+                                          context.sequence.shape[1] - 1), axis=1)
+        logits_BD1V, _, cache = self.lm.apply(self._clip(catch_up_BD1),
+                                              start_B[:, None] + offsets_D1[None],
+                                              state.cache, start_B)
+        root_logits_BV = jnp.take_along_axis(
+            logits_BD1V, (lengths_B - 1 - start_B)[:, None, None], axis=1)[:, 0]
+        return cache, root_logits_BV
+
+    def _log_probs(self, logits_BV: Array, sampling: SamplingConfig,
+                   vocab_size: int) -> Array:
+        """Scores for a dynamic tree: the draft's log-probabilities over the target's
+        vocabulary, warped like the target's (so tokens the target's top-k / top-p cannot
+        produce rank last); at temperature 0, the unwarped ones (one-hot would tie)."""
+        logits_BV = fit_vocab(logits_BV.astype(jnp.float32), vocab_size)
+        if sampling.greedy:
+            return jax.nn.log_softmax(logits_BV, axis=-1)
+        return jnp.log(probabilities(logits_BV, sampling))
+
+    def _propose_dynamic_tree(self, state: DraftModelState, context: DraftContext,
+                              tree: DynamicTree, sampling: SamplingConfig,
+                              vocab_size: int) -> tuple[DraftModelState, Proposal]:
+        """Grow an EAGLE-2 tree per row (`specjax.dynamic_trees`) in `tree.max_depth` draft
+        forwards: the catch-up forward gives the root's children; each later forward feeds
+        every expanded node after the committed tokens (each attending to its ancestors)
+        and gives the children of the newest frontier. As with static trees, the nodes'
+        entries lie beyond the cache length: scratch, no compaction needed. The children
+        are the draft's top-k whatever `method` says (see `DynamicTree`)."""
+        lengths_B = context.lengths
+        cache, root_logits_BV = self._catch_up(state, context, tree.max_depth)
+
+        def expand(cache, nodes: ExpandedNodes):
+            mask_BFF = ancestor_mask(nodes.parents)[:, 1:, 1:]
+            positions_BF = (lengths_B - 1)[:, None] + nodes.depths
+            logits_BFV, _, cache = self.lm.apply(self._clip(nodes.tokens), positions_BF, cache,
+                                                 lengths_B, mask_BFF)
+            frontier_BkV = logits_BFV[:, -tree.top_k:]
+            return cache, self._log_probs(frontier_BkV, sampling, vocab_size)
+
+        cache, tokens_BN, parents_BN = grow_dynamic_tree(
+            tree, self._log_probs(root_logits_BV, sampling, vocab_size), expand, cache)
+        return (DraftModelState(cache, lengths_B),
+                Proposal(tokens=tokens_BN, q=None, parents=parents_BN))
+
     def _propose_tree(self, state: DraftModelState, context: DraftContext, key: Array,
                       tree: TreeShape, sampling: SamplingConfig,
                       vocab_size: int) -> tuple[DraftModelState, Proposal]:
@@ -197,16 +256,7 @@ class DraftModel:
         """
         lengths_B = context.lengths
         batch, depth = lengths_B.shape[0], tree.max_depth
-        start_B = state.cache_lengths
-        offsets_D1 = jnp.arange(depth + 1, dtype=jnp.int32)
-        catch_up_BD1 = jnp.take_along_axis(
-            context.sequence, jnp.minimum(start_B[:, None] + offsets_D1[None],
-                                          context.sequence.shape[1] - 1), axis=1)
-        logits_BD1V, _, cache = self.lm.apply(self._clip(catch_up_BD1),
-                                              start_B[:, None] + offsets_D1[None],
-                                              state.cache, start_B)
-        root_logits_BV = jnp.take_along_axis(
-            logits_BD1V, (lengths_B - 1 - start_B)[:, None, None], axis=1)[:, 0]
+        cache, root_logits_BV = self._catch_up(state, context, depth)
 
         num_nodes = tree.num_nodes
         children_of = {}

@@ -1,0 +1,115 @@
+"""EAGLE-2 dynamic trees: growing and reranking against a plain-Python reference."""
+
+import heapq
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree, select_best_nodes
+from specjax.trees import DynamicTree, tree_depths
+
+VOCAB = 12
+
+
+def child_log_probs(table: np.ndarray, tokens, depths):
+    """The synthetic draft: children's log-probabilities depend on (depth, token)."""
+    return table[depths, tokens]
+
+
+def reference_tree(root_lp: np.ndarray, table: np.ndarray, tree: DynamicTree):
+    """EAGLE-2 for one row, written the obvious way: a pool of (score, drafting order)."""
+    k = tree.top_k
+    order = np.argsort(-root_lp, kind="stable")[:k]
+    pool = [(float(root_lp[t]), int(t), -1, 1) for t in order]  # score, token, parent, depth
+    frontier = list(range(k))
+    for depth in range(1, tree.max_depth):
+        candidates = []
+        for parent in frontier:
+            lp = table[depth, pool[parent][1]]
+            for t in np.argsort(-lp, kind="stable")[:k]:
+                candidates.append((np.float32(pool[parent][0]) + np.float32(lp[t]), int(t),
+                                   parent, depth + 1))
+        start = len(pool)
+        pool.extend(candidates)
+        best = heapq.nsmallest(k, range(len(candidates)), key=lambda i: -candidates[i][0])
+        frontier = [start + i for i in best]
+    kept = sorted(sorted(range(len(pool)), key=lambda i: (-pool[i][0], i))[:tree.num_nodes])
+    where = {node: i for i, node in enumerate(kept)}
+    return ([pool[i][1] for i in kept],
+            [-1 if pool[i][2] < 0 else where[pool[i][2]] for i in kept])
+
+
+@pytest.mark.parametrize("tree", [DynamicTree(num_nodes=10, max_depth=4, top_k=3),
+                                  DynamicTree(num_nodes=5, max_depth=2, top_k=2),
+                                  DynamicTree(num_nodes=4, max_depth=4, top_k=1),
+                                  DynamicTree(num_nodes=20, max_depth=3, top_k=4)])
+def test_grow_matches_the_reference(tree):
+    rng = np.random.default_rng(0)
+    batch = 3
+    logits = rng.normal(size=(batch, VOCAB)).astype(np.float32) * 2
+    root_lp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+    table = np.asarray(jax.nn.log_softmax(
+        rng.normal(size=(tree.max_depth, VOCAB, VOCAB)).astype(np.float32) * 2, axis=-1))
+    seen_widths = []
+
+    def expand(count, nodes: ExpandedNodes):
+        # The nodes handed over are a consistent tree: parents earlier, depths follow them.
+        parents = np.asarray(nodes.parents)
+        assert np.all(parents < np.arange(parents.shape[1])[None])
+        np.testing.assert_array_equal(nodes.depths, tree_depths(nodes.parents))
+        seen_widths.append(parents.shape[1])
+        frontier = slice(-tree.top_k, None)
+        lp = jnp.asarray(table)[nodes.depths[:, frontier], nodes.tokens[:, frontier]]
+        return count + 1, lp
+
+    # Eagerly, so that `expand` can inspect the nodes it is handed.
+    count, tokens, parents = grow_dynamic_tree(tree, jnp.asarray(root_lp), expand, 0)
+    assert int(count) == tree.max_depth - 1
+    assert seen_widths == [tree.top_k * d for d in range(1, tree.max_depth)]
+    for row in range(batch):
+        want_tokens, want_parents = reference_tree(root_lp[row], table, tree)
+        np.testing.assert_array_equal(tokens[row], want_tokens)
+        np.testing.assert_array_equal(parents[row], want_parents)
+
+
+def test_ties_keep_the_parent_first():
+    """A child as probable as its parent (log-probability 0) ties with it: the kept set
+    must still contain every kept node's parent, with parents before children."""
+    # Pool: a chain 0 -> 1 -> 2 of equal scores, and two siblings of node 0 scoring higher.
+    tokens = jnp.asarray([[5, 6, 7, 8, 9]])
+    parents = jnp.asarray([[-1, 0, 1, -1, -1]])
+    scores = jnp.asarray([[-1.0, -1.0, -1.0, -0.5, -0.5]])
+    for keep in range(1, 6):
+        kept_tokens, kept_parents = select_best_nodes(tokens, parents, scores, keep)
+        kept_parents = np.asarray(kept_parents[0])
+        assert np.all(kept_parents < np.arange(keep))
+        by_token = dict(zip(np.asarray(kept_tokens[0]).tolist(), kept_parents.tolist(),
+                            strict=True))
+        if 7 in by_token:
+            assert 6 in by_token and 5 in by_token
+        if 6 in by_token:
+            assert 5 in by_token
+    np.testing.assert_array_equal(select_best_nodes(tokens, parents, scores, 3)[0],
+                                  [[5, 8, 9]])
+
+
+def test_impossible_tokens_rank_last():
+    """-inf scores (tokens the draft cannot produce) are kept only when nothing else is."""
+    tokens = jnp.asarray([[1, 2, 3, 4]])
+    parents = jnp.asarray([[-1, -1, 0, 0]])
+    scores = jnp.asarray([[-0.1, -jnp.inf, -0.2, -jnp.inf]])
+    kept, kept_parents = select_best_nodes(tokens, parents, scores, 2)
+    np.testing.assert_array_equal(kept, [[1, 3]])
+    np.testing.assert_array_equal(kept_parents, [[-1, 0]])
+
+
+def test_budget_is_validated():
+    assert DynamicTree(num_nodes=10, max_depth=4, top_k=3).pool_size == 3 + 3 * 9
+    with pytest.raises(ValueError, match="exceeds the 6 nodes"):
+        DynamicTree(num_nodes=7, max_depth=2, top_k=2)
+    with pytest.raises(ValueError, match="top_k must be an int >= 1"):
+        DynamicTree(num_nodes=4, max_depth=2, top_k=0)
+    with pytest.raises(ValueError, match="num_nodes must be an int >= 1"):
+        DynamicTree(num_nodes=True, max_depth=2, top_k=2)
