@@ -3,6 +3,7 @@ byte-level tokenizer and the bundled pair."""
 
 from specjax_models.bundled import DRAFT_CONFIG, TARGET_CONFIG, bundled_prompts, load_bundled
 from specjax_models.checkpoint import load_checkpoint, load_config, save_checkpoint
+from specjax_models.gguf import from_gguf, gguf_tokenizer, smollm2_path
 from specjax_models.hf import from_pretrained, load_tokenizer, save_pretrained
 from specjax_models.tokenizer import ByteTokenizer
 from specjax_models.transformer import (
@@ -23,11 +24,14 @@ __all__ = [
     "bundled_prompts",
     "count_params",
     "first_layers",
+    "from_gguf",
     "from_pretrained",
+    "gguf_tokenizer",
     "load_bundled",
     "load_checkpoint",
     "load_config",
     "load_tokenizer",
     "save_checkpoint",
     "save_pretrained",
+    "smollm2_path",
 ]

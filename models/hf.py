@@ -410,26 +410,40 @@ class HFTokenizer:
     encode(text) -> list[int] (adds the BOS token when the checkpoint's tokenizer does);
     decode(ids) -> str; bos_id / eos_id / pad_id (None when absent; eos_ids lists every
     end id of generation_config.json); apply_chat_template(messages,
-    add_generation_prompt=True) -> list[int].
+    add_generation_prompt=True) -> list[int]. Built from a Hugging Face directory
+    (`load_tokenizer(path)`) or from a GGUF file's metadata (`specjax_models.gguf`).
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, tokenizer, *, eos_ids: list[int], bos_id: int | None,
+                 pad_id: int | None, chat_template: str | None, special_tokens: dict):
+        self._tokenizer = tokenizer
+        self.eos_ids = list(eos_ids)
+        self.eos_id = self.eos_ids[0] if self.eos_ids else None
+        self.bos_id, self.pad_id = bos_id, pad_id
+        self.chat_template = chat_template
+        self._special = dict(special_tokens)  # e.g. {"eos_token": "<|im_end|>"}, for templates
+        self.vocab_size = tokenizer.get_vocab_size()
+
+    @classmethod
+    def from_directory(cls, path: str | Path) -> HFTokenizer:
+        """tokenizer.json, tokenizer_config.json and the special ids of config.json and
+        generation_config.json in a Hugging Face model directory."""
         from tokenizers import Tokenizer
 
         path = Path(path)
         if not (path / "tokenizer.json").exists():
             raise FileNotFoundError(f"{path} has no tokenizer.json")
-        self._tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         read = lambda name: json.loads((path / name).read_text()) if (path / name).exists() \
             else {}
-        self._config = read("tokenizer_config.json")
+        config = read("tokenizer_config.json")
         model_config, generation = read("config.json"), read("generation_config.json")
 
         def token_id(key):
-            token = self._config.get(key)
+            token = config.get(key)
             if isinstance(token, dict):
                 token = token.get("content")
-            return None if token is None else self._tokenizer.token_to_id(token)
+            return None if token is None else tokenizer.token_to_id(token)
 
         def first(*values):
             for value in values:
@@ -439,14 +453,15 @@ class HFTokenizer:
 
         eos = first(generation.get("eos_token_id"), model_config.get("eos_token_id"),
                     token_id("eos_token"))
-        self.eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
-        self.eos_id = self.eos_ids[0] if self.eos_ids else None
-        self.bos_id = first(generation.get("bos_token_id"), model_config.get("bos_token_id"),
-                            token_id("bos_token"))
-        self.pad_id = first(generation.get("pad_token_id"), model_config.get("pad_token_id"),
-                            token_id("pad_token"))
-        self.chat_template = self._config.get("chat_template")
-        self.vocab_size = self._tokenizer.get_vocab_size()
+        special = {k: (v.get("content") if isinstance(v, dict) else v)
+                   for k, v in config.items() if k.endswith("_token")}
+        return cls(tokenizer,
+                   eos_ids=eos if isinstance(eos, list) else ([] if eos is None else [eos]),
+                   bos_id=first(generation.get("bos_token_id"),
+                                model_config.get("bos_token_id"), token_id("bos_token")),
+                   pad_id=first(generation.get("pad_token_id"),
+                                model_config.get("pad_token_id"), token_id("pad_token")),
+                   chat_template=config.get("chat_template"), special_tokens=special)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -457,19 +472,18 @@ class HFTokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tokenize: bool = True):
         if not self.chat_template:
-            raise ValueError("this tokenizer has no chat_template in tokenizer_config.json")
+            raise ValueError("this tokenizer has no chat template")
         import jinja2
 
         environment = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
         environment.globals["raise_exception"] = lambda message: (_ for _ in ()).throw(
             jinja2.TemplateError(message))
-        special = {k: (v.get("content") if isinstance(v, dict) else v)
-                   for k, v in self._config.items() if k.endswith("_token")}
         text = environment.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **special)
+            messages=messages, add_generation_prompt=add_generation_prompt, **self._special)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
 def load_tokenizer(path: str | Path) -> HFTokenizer:
-    return HFTokenizer(path)
+    """The tokenizer of a Hugging Face model directory (see `HFTokenizer`)."""
+    return HFTokenizer.from_directory(path)
 
