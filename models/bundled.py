@@ -32,15 +32,15 @@ def bundled_path(name: str) -> Path:
     return CHECKPOINTS / name
 
 
-def load_bundled(name: str, dtype=None) -> specjax.CausalLM:
-    """The bundled "target" or "draft" model as a CausalLM (`dtype` as in
-    `load_checkpoint`: e.g. "bfloat16" or jnp.bfloat16; default float32, as trained)."""
+def load_bundled(name: str, dtype=None, scan_layers: bool = False) -> specjax.CausalLM:
+    """The bundled "target" or "draft" model as a CausalLM (`dtype` and `scan_layers` as
+    in `load_checkpoint`: e.g. "bfloat16" or jnp.bfloat16; default float32, as trained)."""
     path = bundled_path(name)
     if not (path / "params").exists():
         raise FileNotFoundError(
             f"the bundled {name} checkpoint is missing at {path}; this checkout has no trained "
             "weights. Train them with `bash models/train_bundled.sh` (see models/README.md)")
-    return load_checkpoint(path, dtype)
+    return load_checkpoint(path, dtype, scan_layers=scan_layers)
 
 
 def bundled_prompts() -> list[dict]:

@@ -44,11 +44,13 @@ def save_checkpoint(lm: specjax.CausalLM, config: TransformerConfig, path: str |
     return path
 
 
-def load_checkpoint(path: str | Path, dtype=None) -> specjax.CausalLM:
+def load_checkpoint(path: str | Path, dtype=None,
+                    scan_layers: bool | None = None) -> specjax.CausalLM:
     """A CausalLM from a directory written by `save_checkpoint`.
 
     `dtype` ("float32", "bfloat16", "float16", or jnp.float32 / jnp.bfloat16 / ...) casts
-    the parameters and sets the compute dtype; default: as saved.
+    the parameters and sets the compute dtype; default: as saved. `scan_layers` (see
+    `TransformerConfig`) overrides the saved setting; either layout loads into either.
     """
     path = Path(path).absolute()
     if not path.exists():
@@ -57,13 +59,15 @@ def load_checkpoint(path: str | Path, dtype=None) -> specjax.CausalLM:
         raise FileNotFoundError(f"{path} is not a specjax checkpoint (it needs config.json "
                                 "and params/); train one with `specjax train --out DIR`")
     config = config_from_dict(json.loads((path / "config.json").read_text()))
-    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    _, abstract_params = nnx.split(abstract, nnx.Param)
+    checkpointer = ocp.StandardCheckpointer()
+    stored = checkpointer.metadata(path / "params").item_metadata.tree
     # Restore onto this machine's default device, whatever device wrote the checkpoint.
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                          nnx.to_pure_dict(abstract_params))
-    restored = ocp.StandardCheckpointer().restore(path / "params", target)
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                          stored)
+    if scan_layers is not None:
+        config = dataclasses.replace(config, scan_layers=bool(scan_layers))
+    restored = _layer_layout(checkpointer.restore(path / "params", target), config.scan_layers)
     if dtype is not None:
         name = dtype_name(dtype)
         config = dataclasses.replace(config, dtype=name, param_dtype=name)
@@ -72,6 +76,26 @@ def load_checkpoint(path: str | Path, dtype=None) -> specjax.CausalLM:
                                  nnx.Param)
     nnx.replace_by_pure_dict(params, restored)
     return specjax.CausalLM.from_nnx(nnx.merge(graphdef, params))
+
+
+def _layer_layout(tree: dict, stacked: bool) -> dict:
+    """The saved layers in the model's layout: one subtree per layer (`layers/0/...`), or,
+    for `scan_layers`, one subtree with a leading [L] axis (`layers/...`). Checkpoints are
+    written in either and load in both."""
+    layers = tree.get("layers")
+    if not isinstance(layers, dict) or not layers:
+        return tree
+    per_layer_saved = all(str(k).isdigit() for k in layers)
+    if stacked and per_layer_saved:
+        per_layer = [layers[k] for k in sorted(layers, key=int)]
+        return dict(tree, layers=jax.tree.map(lambda *xs: jax.numpy.stack(xs), *per_layer))
+    if not stacked and not per_layer_saved:
+        count = jax.tree.leaves(layers)[0].shape[0]
+        return dict(tree, layers={i: jax.tree.map(lambda x, i=i: x[i], layers)
+                                  for i in range(count)})
+    if not stacked:  # orbax gives string keys; the module's pure dict has int keys
+        return dict(tree, layers={int(k): v for k, v in layers.items()})
+    return tree
 
 
 def load_config(path: str | Path) -> TransformerConfig:

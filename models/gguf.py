@@ -22,16 +22,16 @@ needed).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 import specjax
 from specjax_models.hf import HFTokenizer, config_from_hf
-from specjax_models.transformer import Transformer, TransformerConfig
+from specjax_models.transformer import ParamFiller, Transformer, TransformerConfig
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -162,25 +162,28 @@ def _dequantize(tensor) -> np.ndarray:
     return np.asarray(array, np.float32).reshape(shape)
 
 
-def from_gguf(path: str | Path, dtype=None) -> specjax.CausalLM:
+def from_gguf(path: str | Path, dtype=None, scan_layers: bool = False) -> specjax.CausalLM:
     """Load a GGUF file (Llama or Qwen2 architecture) as a `specjax.CausalLM`.
 
     Args:
       path: the .gguf file (e.g. `smollm2_path()`).
       dtype: "float32" (default), "bfloat16" or "float16" (or a jnp dtype) for the
         parameters and the compute; quantised weights are dequantised first.
+      scan_layers: scan over stacked layers (compile time independent of depth; see
+        `TransformerConfig.scan_layers` for its cost on CPU).
     """
     reader = _reader(path)
     meta = _metadata(reader)
     tensors = {t.name: t for t in reader.tensors}
-    config = config_from_gguf(meta, set(tensors), dtype)
+    config = dataclasses.replace(config_from_gguf(meta, set(tensors), dtype),
+                                 scan_layers=bool(scan_layers))
     permute = meta["general.architecture"] == "llama"  # qwen2 files are not permuted
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+    filler = ParamFiller(abstract_params, config.storage_dtype)
     mapping = _weight_map(config)
-    used, loaded = set(), []
-    for key, leaf in nnx.to_flat_state(abstract_params):
-        name = ".".join(str(p) for p in key)
+    used = set()
+    for name, _ in filler.targets():
         gguf_name, transform = mapping.get(name, (name, "id"))
         if gguf_name not in tensors:
             raise ValueError(f"the GGUF file lacks {gguf_name!r} (needed for {name})")
@@ -191,17 +194,16 @@ def from_gguf(path: str | Path, dtype=None) -> specjax.CausalLM:
             array = _unpermute(array, config.num_kv_heads)
         if transform == "T":
             array = array.T
-        want = leaf.get_value().shape
-        if array.shape != want:
-            raise ValueError(f"GGUF tensor {gguf_name} has shape {array.shape}, expected "
-                             f"{want} for {name}")
-        loaded.append((key, leaf.replace(jnp.asarray(array, config.storage_dtype))))
+        try:
+            filler.set(name, array)
+        except ValueError as error:
+            raise ValueError(f"GGUF tensor {gguf_name}: {error}") from None
         used.add(gguf_name)
     unused = sorted(set(tensors) - used)
     if unused:
         raise ValueError(f"the GGUF file has tensors this architecture does not use: "
                          f"{unused[:5]}{' ...' if len(unused) > 5 else ''}")
-    return specjax.CausalLM.from_nnx(nnx.merge(graphdef, nnx.from_flat_state(loaded)))
+    return specjax.CausalLM.from_nnx(nnx.merge(graphdef, filler.state()))
 
 
 # ---------------------------------------------------------------- tokenizer

@@ -23,6 +23,7 @@ error that names it, never a silently different model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -31,7 +32,13 @@ import numpy as np
 from flax import nnx
 
 import specjax
-from specjax_models.transformer import Transformer, TransformerConfig, dtype_name
+from specjax_models.transformer import (
+    ParamFiller,
+    Transformer,
+    TransformerConfig,
+    dtype_name,
+    per_layer_params,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2")
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -265,10 +272,6 @@ def _weight_map(config: TransformerConfig, hf_names: set[str]) -> dict[str, tupl
     return mapping
 
 
-def _flat_name(path) -> str:
-    return ".".join(str(p) for p in path)
-
-
 def _to_ours(array: np.ndarray, transform) -> np.ndarray:
     if transform == "T":
         return array.T
@@ -303,7 +306,8 @@ class _Tensors:
         return set(self.file_of)
 
 
-def from_pretrained(path: str | Path, dtype=None) -> specjax.CausalLM:
+def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False
+                    ) -> specjax.CausalLM:
     """Load a local Hugging Face checkpoint directory as a `specjax.CausalLM`.
 
     Args:
@@ -312,40 +316,42 @@ def from_pretrained(path: str | Path, dtype=None) -> specjax.CausalLM:
       dtype: "float32", "bfloat16" or "float16" (or jnp.float32, jnp.bfloat16, ...) for
         parameters and compute; default: the
         checkpoint's own dtype (bfloat16 stays bfloat16).
+      scan_layers: scan over stacked layers (compile time independent of depth; see
+        `TransformerConfig.scan_layers` for its cost on CPU).
     """
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json: pass a Hugging Face model "
                                 "directory (e.g. from huggingface_hub.snapshot_download)")
     config = config_from_hf(json.loads((path / "config.json").read_text()), dtype)
+    config = dataclasses.replace(config, scan_layers=bool(scan_layers))
     tensors = _Tensors(path)
     available = tensors.names()
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+    filler = ParamFiller(abstract_params, config.storage_dtype)
     mapping = _weight_map(config, available)
     # Plan first, then read file by file: each shard's memory map is closed as soon as its
     # tensors are converted, so the peak is the parameters plus about one shard.
     plan: dict[str, list] = {}
-    for key, leaf in nnx.to_flat_state(abstract_params):
-        name = _flat_name(key)
+    for name, _ in filler.targets():
         if name not in mapping or mapping[name][0] not in available:
             wanted = mapping.get(name, (name,))[0]
             raise ValueError(f"the checkpoint lacks {wanted!r} (needed for {name}); it does "
                              f"not match its config.json ({model_type_of(config)})")
         hf_name, transform = mapping[name]
-        plan.setdefault(tensors.file_of[hf_name], []).append((key, leaf, name, hf_name,
-                                                               transform))
+        plan.setdefault(tensors.file_of[hf_name], []).append((name, hf_name, transform))
     from safetensors import safe_open
 
-    used, loaded = set(), []
+    used = set()
     for file_name, items in sorted(plan.items()):
         with safe_open(path / file_name, framework="numpy") as handle:
-            for key, leaf, name, hf_name, transform in items:
+            for name, hf_name, transform in items:
                 array = _to_ours(handle.get_tensor(hf_name), transform)
-                if array.shape != leaf.get_value().shape:
-                    raise ValueError(f"{hf_name} has shape {array.shape}, expected "
-                                     f"{leaf.get_value().shape} for {name}")
-                loaded.append((key, leaf.replace(jnp.asarray(array, config.storage_dtype))))
+                try:
+                    filler.set(name, array)
+                except ValueError as error:
+                    raise ValueError(f"{hf_name}: {error}") from None
                 used.add(hf_name)
                 del array
     unused = sorted(n for n in available - used if not n.endswith(_IGNORED_SUFFIXES)
@@ -354,8 +360,7 @@ def from_pretrained(path: str | Path, dtype=None) -> specjax.CausalLM:
         raise ValueError(f"the checkpoint has weights this architecture does not use: "
                          f"{unused[:5]}{' ...' if len(unused) > 5 else ''}; an option of "
                          "its config.json is not supported")
-    params = nnx.from_flat_state(loaded)
-    return specjax.CausalLM.from_nnx(nnx.merge(graphdef, params))
+    return specjax.CausalLM.from_nnx(nnx.merge(graphdef, filler.state()))
 
 
 def save_pretrained(model, path: str | Path, dtype=None) -> Path:
@@ -379,8 +384,8 @@ def save_pretrained(model, path: str | Path, dtype=None) -> Path:
         hf_config["torch_dtype"] = dtype_name(dtype)
     target_dtype = {"float32": np.float32, "float16": np.float16,
                     "bfloat16": jnp.bfloat16}[hf_config["torch_dtype"]]
-    params = dict((_flat_name(k), v.get_value()) for k, v in
-                  nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    params = per_layer_params({".".join(str(p) for p in k): v.get_value() for k, v in
+                               nnx.to_flat_state(nnx.state(model, nnx.Param))})
     mapping = _weight_map(config, set())
     tensors: dict[str, np.ndarray] = {}
     fused: dict[str, list] = {}
@@ -468,6 +473,24 @@ class HFTokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def stream_decoder(self):
+        """A function that takes ids as they arrive and returns the text they complete
+        (special tokens dropped; a character whose bytes are split across tokens is held
+        back until complete)."""
+        ids: list[int] = []
+        shown = 0
+
+        def push(new_ids) -> str:
+            nonlocal shown
+            ids.extend(int(i) for i in new_ids)
+            text = self.decode(ids)
+            complete = len(text.rstrip("\ufffd"))
+            out = text[shown:complete] if complete > shown else ""
+            shown = max(shown, complete)
+            return out
+
+        return push
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tokenize: bool = True):

@@ -74,6 +74,13 @@ class TransformerConfig:
     sandwich_norm: Gemma 2's extra norms after attention and around the MLP.
     dtype / param_dtype: compute and storage dtypes ("float32", "bfloat16", "float16").
     Logits are always returned in float32.
+    scan_layers: run the layers as one `lax.scan` over parameters (and a cache) stacked
+      along a leading [L] axis, so tracing and compiling cost one layer whatever the depth;
+      False (default) keeps one parameter array per layer and unrolls the layers. On CPU
+      the scan costs a copy of each layer's weights per forward (XLA CPU cannot feed a
+      matmul from a slice of the stacked array): plain decoding measured 0.66-0.69x the
+      unrolled tokens/s, for a 3.8x shorter compile of SmolLM2's 30 layers
+      (`benchmarks/results/compile_time_cpu.md`).
     """
 
     vocab_size: int
@@ -106,6 +113,7 @@ class TransformerConfig:
     sliding_window: int | None = None
     sliding_layers: str = "all"
     sandwich_norm: bool = False
+    scan_layers: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads",
@@ -142,6 +150,8 @@ class TransformerConfig:
                 raise ValueError(f"rope_scaling must be ('linear', factor) or ('llama3', "
                                  "factor, low_freq_factor, high_freq_factor, "
                                  f"original_max_position_embeddings), got {self.rope_scaling!r}")
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"scan_layers must be a bool, got {self.scan_layers!r}")
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         object.__setattr__(self, "param_dtype", dtype_name(self.param_dtype))
 
@@ -169,23 +179,28 @@ class TransformerConfig:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    """Fixed-size key/value cache: per layer, keys `[B, num_kv_heads, head_dim, S]` and
-    values `[B, num_kv_heads, S, head_dim]`; and the position of the token in every slot
-    (`positions` int32 [B, S], for sliding-window masks: with token trees, positions and
-    slots differ).
+    """Fixed-size key/value cache: keys `[B, num_kv_heads, head_dim, S]` and values
+    `[B, num_kv_heads, S, head_dim]` per layer (a tuple of L arrays), or, for a model with
+    `scan_layers`, every layer in one array (`[L, B, ...]`, scanned over with the
+    layers); and the position of the token in every slot (`positions` int32 [B, S], for
+    sliding-window masks: with token trees, positions and slots differ).
 
     The cache holds no lengths: the caller keeps `cache_lengths[B]`, and rolling back is
     keeping an older length. Slots at or beyond a row's length are masked and later
     overwritten, never erased.
     """
 
-    keys: tuple[Array, ...]
-    values: tuple[Array, ...]
+    keys: Array | tuple[Array, ...]
+    values: Array | tuple[Array, ...]
     positions: Array
 
     @property
     def max_len(self) -> int:
-        return self.keys[0].shape[3]
+        return self.positions.shape[1]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys) if isinstance(self.keys, tuple) else self.keys.shape[0]
 
     def compact(self, start_B: Array, sources_BD: Array) -> KVCache:
         """Copy slot `sources[b, d]` to slot `start[b] + d`, in every layer and in the
@@ -212,8 +227,12 @@ class KVCache:
 
             return jax.vmap(write)(cache_BXS, moved, start_B.astype(jnp.int32))
 
-        return KVCache(keys=tuple(move(k, 3) for k in self.keys),
-                       values=tuple(move(v, 2) for v in self.values),
+        def every_layer(cache, slot_axis):
+            if isinstance(cache, tuple):
+                return tuple(move(c, slot_axis) for c in cache)
+            return jax.vmap(lambda c: move(c, slot_axis))(cache)
+
+        return KVCache(keys=every_layer(self.keys, 3), values=every_layer(self.values, 2),
                        positions=move(self.positions, 1))
 
     @classmethod
@@ -221,13 +240,18 @@ class KVCache:
         # The layouts the attention dots read as they are ([batch, M, K] x [batch, K, N]:
         # scores = q[T,H] . keys[H,S], out = weights[T,S] . values[S,H]); any other layout
         # makes XLA transpose the whole cache on every step, an O(S) copy per token.
-        keys_shape = (batch, config.num_kv_heads, config.resolved_head_dim, max_len)
-        values_shape = (batch, config.num_kv_heads, max_len, config.resolved_head_dim)
+        layers, kv, head_dim = config.num_layers, config.num_kv_heads, config.resolved_head_dim
+        keys_shape, values_shape = (batch, kv, head_dim, max_len), (batch, kv, max_len, head_dim)
+        positions = jnp.zeros((batch, max_len), jnp.int32)
+        if config.scan_layers:
+            return cls(keys=jnp.zeros((layers,) + keys_shape, config.compute_dtype),
+                       values=jnp.zeros((layers,) + values_shape, config.compute_dtype),
+                       positions=positions)
         return cls(keys=tuple(jnp.zeros(keys_shape, config.compute_dtype)
-                              for _ in range(config.num_layers)),
+                              for _ in range(layers)),
                    values=tuple(jnp.zeros(values_shape, config.compute_dtype)
-                                for _ in range(config.num_layers)),
-                   positions=jnp.zeros((batch, max_len), jnp.int32))
+                                for _ in range(layers)),
+                   positions=positions)
 
 
 def rotary_inverse_frequencies(config: TransformerConfig) -> Array:
@@ -338,6 +362,21 @@ def _write_rows(cache_B, new_B, starts_B: Array, slot_axis: int = 1) -> Array:
     return jax.vmap(write_one)(cache_B, new_B, starts_B)
 
 
+def _write_layer_rows(cache_LB, layer: Array, new_B, starts_B: Array, slot_axis: int) -> Array:
+    """`_write_rows` into layer `layer` (traced) of an every-layer cache `[L, B, ...]`:
+    only the T new entries per row are written (in place under jit), never the layer."""
+    if cache_LB.shape[1] == 1:
+        index = tuple(layer if axis == 0 else starts_B[0] if axis == slot_axis + 1 else 0
+                      for axis in range(cache_LB.ndim))
+        return jax.lax.dynamic_update_slice(cache_LB, new_B[None].astype(cache_LB.dtype), index)
+
+    def write_one(stack, new, start):  # stack [L, ...] of one row
+        index = tuple(layer if axis == 0 else start if axis == slot_axis else 0
+                      for axis in range(stack.ndim))
+        return jax.lax.dynamic_update_slice(stack, new[None].astype(stack.dtype), index)
+    return jax.vmap(write_one, in_axes=(1, 0, 0), out_axes=1)(cache_LB, new_B, starts_B)
+
+
 def visibility_mask(cache_lengths_B: Array, num_new: int, num_slots: int,
                     new_mask_BTT: Array | None) -> Array:
     """`[B, T, S]` bool: may query t of row b read cache slot s (after the write)?
@@ -386,9 +425,8 @@ def _attend(q_BKGTH: Array, segments, scale: float, softcap: float | None,
 
 
 class Attention(nnx.Module):
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, window: int | None = None):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.window = window
         head_dim = config.resolved_head_dim
         dense = lambda n_in, n_out, bias: nnx.Linear(
             n_in, n_out, use_bias=bias, dtype=config.compute_dtype,
@@ -403,9 +441,14 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps, dtype=config.compute_dtype,
                                   param_dtype=config.storage_dtype)
 
-    def __call__(self, x_BTD: Array, positions_BT: Array, layer_cache: tuple | None,
-                 cache_lengths_B: Array | None, new_mask_BTT: Array | None,
-                 key_positions_BS: Array | None):
+    def __call__(self, x_BTD: Array, positions_BT: Array, cache_kv: tuple | None,
+                 layer: Array | None, cache_lengths_B: Array | None,
+                 new_mask_BTT: Array | None, key_positions_BS: Array | None,
+                 window: Array | None):
+        """`(out [B, T, D], cache_kv)`. `cache_kv` is the every-layer `(keys, values)` of a
+        `KVCache` (or None for a plain forward); this layer's slice is `layer` (traced, the
+        scan's index), and only its T new entries per row are written. `window`: this
+        layer's sliding window (traced; None when the model has none)."""
         cfg = self.config
         batch, num_new, _ = x_BTD.shape
         head_dim, num_kv = cfg.resolved_head_dim, cfg.num_kv_heads
@@ -422,27 +465,28 @@ class Attention(nnx.Module):
 
         k_BKHT = k_BTKH.transpose(0, 2, 3, 1)
         v_BKTH = v_BTKH.transpose(0, 2, 1, 3)
-        read_before_write = layer_cache is not None and num_new <= READ_BEFORE_WRITE_MAX_TOKENS
-        if layer_cache is None:
-            segments = [(k_BKHT, v_BKTH, self._new_token_visibility(positions_BT, new_mask_BTT))]
-            new_layer_cache = None
+        read_before_write = cache_kv is not None and num_new <= READ_BEFORE_WRITE_MAX_TOKENS
+        if cache_kv is None:
+            segments = [(k_BKHT, v_BKTH,
+                         self._new_token_visibility(positions_BT, new_mask_BTT, window))]
         elif read_before_write:
-            segments = self._read_before_write(layer_cache, k_BKHT, v_BKTH, positions_BT,
-                                               cache_lengths_B, new_mask_BTT,
-                                               key_positions_BS)
+            keys_LBKHS, values_LBKSH = cache_kv
+            segments = self._read_before_write(keys_LBKHS[layer], values_LBKSH[layer], k_BKHT,
+                                               v_BKTH, positions_BT, cache_lengths_B,
+                                               new_mask_BTT, key_positions_BS, window)
         else:
             # Long inputs (a prefill): write first, then attend over the written cache, one
             # segment; attending to the old cache as a separate segment would add T x S work.
-            cached_keys_BKHS, cached_values_BKSH = layer_cache
-            keys_BKHS = _write_rows(cached_keys_BKHS, k_BKHT, cache_lengths_B, slot_axis=3)
-            values_BKSH = _write_rows(cached_values_BKSH, v_BKTH, cache_lengths_B, slot_axis=2)
+            keys_LBKHS, values_LBKSH = cache_kv
+            cache_kv = (_write_layer_rows(keys_LBKHS, layer, k_BKHT, cache_lengths_B, 3),
+                        _write_layer_rows(values_LBKSH, layer, v_BKTH, cache_lengths_B, 2))
+            keys_BKHS, values_BKSH = cache_kv[0][layer], cache_kv[1][layer]
             visible_BTS = visibility_mask(cache_lengths_B, num_new, keys_BKHS.shape[3],
                                           new_mask_BTT)
-            if self.window is not None:
+            if window is not None:
                 distance_BTS = positions_BT[:, :, None] - key_positions_BS[:, None, :]
-                visible_BTS = visible_BTS & (distance_BTS < self.window)
+                visible_BTS = visible_BTS & (distance_BTS < window)
             segments = [(keys_BKHS, values_BKSH, visible_BTS)]
-            new_layer_cache = (keys_BKHS, values_BKSH)
 
         scale = cfg.query_scale if cfg.query_scale is not None else head_dim ** -0.5
         q_BKGTH = q_BTNH.reshape(batch, num_new, num_kv, group, head_dim).transpose(0, 2, 3, 1, 4)
@@ -457,14 +501,14 @@ class Attention(nnx.Module):
             # decoding of the bundled target 1.45 -> 0.77 ms/token on 2 CPU cores).
             never_B = (out_BTKGH[:, 0, 0, 0, 0] > jnp.inf).astype(cache_lengths_B.dtype)
             write_at_B = cache_lengths_B + never_B
-            cached_keys_BKHS, cached_values_BKSH = layer_cache
-            new_layer_cache = (
-                _write_rows(cached_keys_BKHS, k_BKHT, write_at_B, slot_axis=3),
-                _write_rows(cached_values_BKSH, v_BKTH, write_at_B, slot_axis=2))
+            keys_LBKHS, values_LBKSH = cache_kv
+            cache_kv = (_write_layer_rows(keys_LBKHS, layer, k_BKHT, write_at_B, 3),
+                        _write_layer_rows(values_LBKSH, layer, v_BKTH, write_at_B, 2))
         out_BTD = self.o_proj(out_BTKGH.reshape(batch, num_new, cfg.num_heads * head_dim))
-        return out_BTD, new_layer_cache
+        return out_BTD, cache_kv
 
-    def _new_token_visibility(self, positions_BT: Array, new_mask_BTT: Array | None) -> Array:
+    def _new_token_visibility(self, positions_BT: Array, new_mask_BTT: Array | None,
+                              window: Array | None) -> Array:
         """`[B, T, T]` bool: may new token t see new token u (causal unless `new_mask`)?"""
         batch, num_new = positions_BT.shape
         if new_mask_BTT is None:
@@ -472,26 +516,27 @@ class Attention(nnx.Module):
             visible_BTT = jnp.broadcast_to(causal_TT, (batch, num_new, num_new))
         else:
             visible_BTT = new_mask_BTT.astype(bool)
-        if self.window is not None:
+        if window is not None:
             distance_BTT = positions_BT[:, :, None] - positions_BT[:, None, :]
-            visible_BTT = visible_BTT & (distance_BTT < self.window)
+            visible_BTT = visible_BTT & (distance_BTT < window)
         return visible_BTT
 
-    def _read_before_write(self, layer_cache, k_BKHT, v_BKTH, positions_BT, cache_lengths_B,
-                           new_mask_BTT, key_positions_BS):
+    def _read_before_write(self, cached_keys_BKHS, cached_values_BKSH, k_BKHT, v_BKTH,
+                           positions_BT, cache_lengths_B, new_mask_BTT, key_positions_BS,
+                           window):
         """Segments for short inputs (decoding, verification): the cache as it was before
         this call (committed slots only) and the T new tokens. Reading the old buffer, not
         the written one, lets the write happen in place afterwards."""
         batch, num_new = positions_BT.shape
-        cached_keys_BKHS, cached_values_BKSH = layer_cache
         num_slots = cached_keys_BKHS.shape[3]
         committed_BS = jnp.arange(num_slots)[None, :] < cache_lengths_B[:, None]
         old_visible_BTS = jnp.broadcast_to(committed_BS[:, None, :], (batch, num_new, num_slots))
-        if self.window is not None:
+        if window is not None:
             old_distance_BTS = positions_BT[:, :, None] - key_positions_BS[:, None, :]
-            old_visible_BTS = old_visible_BTS & (old_distance_BTS < self.window)
+            old_visible_BTS = old_visible_BTS & (old_distance_BTS < window)
         return [(cached_keys_BKHS, cached_values_BKSH, old_visible_BTS),
-                (k_BKHT, v_BKTH, self._new_token_visibility(positions_BT, new_mask_BTT))]
+                (k_BKHT, v_BKTH, self._new_token_visibility(positions_BT, new_mask_BTT,
+                                                            window))]
 
 
 class MLP(nnx.Module):
@@ -515,9 +560,9 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, layer: int = 0):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.input_norm = make_norm(config)
-        self.attention = Attention(config, rngs=rngs, window=config.layer_window(layer))
+        self.attention = Attention(config, rngs=rngs)
         self.post_attention_norm = make_norm(config)  # the pre-MLP norm, as HF names it
         self.mlp = MLP(config, rngs=rngs)
         self.sandwich = config.sandwich_norm
@@ -525,17 +570,18 @@ class Block(nnx.Module):
             self.attn_out_norm = make_norm(config)
             self.mlp_out_norm = make_norm(config)
 
-    def __call__(self, x_BTD, positions_BT, layer_cache, cache_lengths_B, new_mask_BTT,
-                 key_positions_BS):
-        attended, layer_cache = self.attention(self.input_norm(x_BTD), positions_BT, layer_cache,
-                                               cache_lengths_B, new_mask_BTT, key_positions_BS)
+    def __call__(self, x_BTD, positions_BT, cache_kv, layer, cache_lengths_B, new_mask_BTT,
+                 key_positions_BS, window):
+        attended, cache_kv = self.attention(self.input_norm(x_BTD), positions_BT, cache_kv,
+                                            layer, cache_lengths_B, new_mask_BTT,
+                                            key_positions_BS, window)
         if self.sandwich:
             attended = self.attn_out_norm(attended)
         x_BTD = x_BTD + attended
         mlp_out = self.mlp(self.post_attention_norm(x_BTD))
         if self.sandwich:
             mlp_out = self.mlp_out_norm(mlp_out)
-        return x_BTD + mlp_out, layer_cache
+        return x_BTD + mlp_out, cache_kv
 
 
 class Transformer(nnx.Module):
@@ -558,8 +604,15 @@ class Transformer(nnx.Module):
             self.position_embed = nnx.Embed(config.max_seq_len, config.d_model,
                                             dtype=config.compute_dtype,
                                             param_dtype=config.storage_dtype, rngs=rngs)
-        self.layers = nnx.List([Block(config, rngs=rngs, layer=i)
-                                for i in range(config.num_layers)])
+        blocks = [Block(config, rngs=rngs) for _ in range(config.num_layers)]
+        if config.scan_layers:
+            # One Block whose parameters carry a leading [L] axis, scanned over. Built layer
+            # by layer (the same random init as separate blocks), then stacked.
+            graphdef, _ = nnx.split(blocks[0])
+            self.layers = nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs),
+                                                           *[nnx.state(b) for b in blocks]))
+        else:
+            self.layers = nnx.List(blocks)
         self.final_norm = make_norm(config)
         if not config.tie_embeddings:
             self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=False,
@@ -604,16 +657,46 @@ class Transformer(nnx.Module):
         # slots keep theirs, the new tokens' slots get theirs, the rest are masked anyway.
         key_positions_BS = None if cache is None else _write_rows(
             cache.positions, positions_BT, cache_lengths_B)
-        new_keys, new_values, features = [], [], {}
-        for index, block in enumerate(self.layers):
-            if index in feature_layers:
-                features[index] = x_BTD
-            layer_cache = None if cache is None else (cache.keys[index], cache.values[index])
-            x_BTD, layer_cache = block(x_BTD, positions_BT, layer_cache, cache_lengths_B,
-                                       new_mask_BTT, key_positions_BS)
-            if layer_cache is not None:
-                new_keys.append(layer_cache[0])
-                new_values.append(layer_cache[1])
+        windows = [cfg.layer_window(i) for i in range(cfg.num_layers)]
+        has_windows = any(w is not None for w in windows)
+
+        def run_layer(block, x_BTD, cache_kv, features, layer, window):
+            # The residual stream entering each requested layer (static list).
+            features = tuple(jnp.where(layer == wanted, x_BTD, kept)
+                             for wanted, kept in zip(feature_layers, features, strict=True))
+            x_BTD, cache_kv = block(x_BTD, positions_BT, cache_kv, layer, cache_lengths_B,
+                                    new_mask_BTT, key_positions_BS, window)
+            return x_BTD, cache_kv, features
+
+        features = tuple(jnp.zeros_like(x_BTD) for _ in feature_layers)
+        if cfg.scan_layers:
+            block_def, layer_params = nnx.split(self.layers)
+            no_window = jnp.iinfo(jnp.int32).max
+            windows_L = jnp.asarray([no_window if w is None else w for w in windows],
+                                    jnp.int32) if has_windows else None
+
+            def scan_body(carry, layer_inputs):
+                params, layer, window = layer_inputs
+                return run_layer(nnx.merge(block_def, params), *carry, layer, window), None
+
+            cache_kv = None if cache is None else (cache.keys, cache.values)
+            (x_BTD, cache_kv, features), _ = jax.lax.scan(
+                scan_body, (x_BTD, cache_kv, features),
+                (layer_params, jnp.arange(cfg.num_layers, dtype=jnp.int32), windows_L))
+            new_kv = cache_kv
+        else:
+            new_keys, new_values = [], []
+            for index, block in enumerate(self.layers):
+                # This layer's arrays as a one-layer stack (a free reshape), so both layouts
+                # share the attention code; the write stays in place.
+                layer_kv = None if cache is None else (cache.keys[index][None],
+                                                       cache.values[index][None])
+                x_BTD, layer_kv, features = run_layer(block, x_BTD, layer_kv, features, index,
+                                                      windows[index])
+                if layer_kv is not None:
+                    new_keys.append(layer_kv[0][0])
+                    new_values.append(layer_kv[1][0])
+            new_kv = None if cache is None else (tuple(new_keys), tuple(new_values))
         hidden_BTD = self.final_norm(x_BTD)
         # The head accumulates and returns float32 even for bfloat16 models: rounding the
         # logits to bfloat16 would make exact ties common (8 bits of mantissa), and which
@@ -629,11 +712,10 @@ class Transformer(nnx.Module):
                                     self.lm_head.kernel[...].astype(cfg.compute_dtype),
                                     preferred_element_type=jnp.float32)
         logits_BTV = _softcap(logits_BTV.astype(jnp.float32), cfg.final_logit_softcap)
-        new_cache = None if cache is None else KVCache(tuple(new_keys), tuple(new_values),
-                                                       key_positions_BS)
+        new_cache = None if cache is None else KVCache(new_kv[0], new_kv[1], key_positions_BS)
         if feature_layers:
-            hidden_BTD = jnp.stack([features[i].astype(hidden_BTD.dtype)
-                                    for i in feature_layers] + [hidden_BTD], axis=2)
+            hidden_BTD = jnp.stack([f.astype(hidden_BTD.dtype) for f in features]
+                                   + [hidden_BTD], axis=2)
         return logits_BTV, hidden_BTD, new_cache
 
 
@@ -671,9 +753,98 @@ def first_layers(model, num_layers: int):
                          f"{num_layers!r}")
     config = dataclasses.replace(model.config, num_layers=num_layers)
     shallow = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    state = nnx.state(model, nnx.Param)
-    kept = nnx.state(shallow, nnx.Param)
-    flat_source = dict(nnx.to_flat_state(state))
-    updated = [(path, flat_source[path]) for path, _ in nnx.to_flat_state(kept)]
+    flat_source = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    updated = []
+    for path, _ in nnx.to_flat_state(nnx.state(shallow, nnx.Param)):
+        leaf = flat_source[path]
+        if path[0] == "layers" and config.scan_layers:  # stacked: keep the first num_layers
+            leaf = leaf.replace(leaf.get_value()[:num_layers])
+        updated.append((path, leaf))
     nnx.update(shallow, nnx.from_flat_state(updated))
     return shallow
+
+
+def _flat_name(path) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _is_stacked(name: str) -> bool:
+    """`layers.X` (every layer along a leading axis), not `layers.3.X` (one layer)."""
+    parts = name.split(".")
+    return parts[0] == "layers" and len(parts) > 1 and not parts[1].isdigit()
+
+
+def per_layer_params(flat: dict) -> dict:
+    """Parameters by per-layer name: a stacked `layers.X` of shape [L, ...] becomes
+    `layers.0.X` ... `layers.{L-1}.X` (how checkpoints of other libraries name them);
+    per-layer names pass through."""
+    out = {}
+    for name, value in flat.items():
+        if _is_stacked(name):
+            rest = name[len("layers."):]
+            for i in range(value.shape[0]):
+                out[f"layers.{i}.{rest}"] = value[i]
+        else:
+            out[name] = value
+    return out
+
+
+class ParamFiller:
+    """Assembles a model's parameters from per-layer arrays (`layers.{i}.X`, as
+    checkpoints store them), into the stacked layout (`layers.X` [L, ...]) of a model with
+    `scan_layers` or one array per layer otherwise, one array at a time, so a loader holds
+    about one copy of the weights.
+
+    `targets()` lists every per-layer name with the shape it must have; `set(name, array)`
+    stores one (cast to the storage dtype); `state()` returns the params once all are set.
+    """
+
+    def __init__(self, abstract_params, dtype):
+        self._dtype = dtype
+        self._leaves = {_flat_name(key): (key, leaf)
+                        for key, leaf in nnx.to_flat_state(abstract_params)}
+        self._buffers: dict[str, object] = {}
+        self._missing: dict[str, int] = {}
+        self._done: dict[str, Array] = {}
+
+    def targets(self) -> list[tuple[str, tuple]]:
+        out = []
+        for name, (key, leaf) in self._leaves.items():
+            shape = tuple(leaf.get_value().shape)
+            if _is_stacked(name):
+                rest = _flat_name(key[1:])
+                out += [(f"layers.{i}.{rest}", shape[1:]) for i in range(shape[0])]
+            else:
+                out.append((name, shape))
+        return out
+
+    def set(self, name: str, array) -> None:
+        import numpy as np
+
+        parts = name.split(".")
+        stacked, layer = name, None
+        if parts[0] == "layers" and parts[1].isdigit() and name not in self._leaves:
+            stacked, layer = "layers." + ".".join(parts[2:]), int(parts[1])
+        if stacked not in self._leaves:
+            raise KeyError(f"the model has no parameter {name}")
+        shape = tuple(self._leaves[stacked][1].get_value().shape)
+        want = shape if layer is None else shape[1:]
+        if tuple(array.shape) != want:
+            raise ValueError(f"{name} has shape {tuple(array.shape)}, expected {want}")
+        if layer is None:
+            self._done[stacked] = jnp.asarray(array, self._dtype)
+            return
+        if stacked not in self._buffers:
+            self._buffers[stacked] = np.empty(shape, np.dtype(self._dtype))
+            self._missing[stacked] = shape[0]
+        self._buffers[stacked][layer] = np.asarray(array).astype(np.dtype(self._dtype))
+        self._missing[stacked] -= 1
+        if not self._missing[stacked]:  # complete: hand it to JAX, drop the host copy
+            self._done[stacked] = jnp.asarray(self._buffers.pop(stacked))
+
+    def state(self):
+        missing = sorted(set(self._leaves) - set(self._done))
+        if missing:
+            raise ValueError(f"parameters never set: {missing[:5]}")
+        return nnx.from_flat_state([(key, leaf.replace(self._done[name]))
+                                    for name, (key, leaf) in self._leaves.items()])

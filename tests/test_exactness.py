@@ -44,6 +44,9 @@ ENTRIES = {
     # A repeating prompt, so that the lookup finds matches and drafts get accepted.
     "prompt lookup, chain": Entry(lambda d: PromptLookup(max_ngram_size=2),
                                   stat_prompt=(1, 5, 2, 1, 5, 2, 1)),
+    # No match at the first step: one-token steps (Proposal.num_real) mixed with verifies.
+    "prompt lookup, chain, no match at first": Entry(lambda d: PromptLookup(),
+                                                     stat_prompt=(1, 5, 2)),
     "draft model, static tree, sampled": Entry(lambda d: DraftModel(d, "sample"), None,
                                                STATIC_TREE),
     "draft model, static tree, top-k": Entry(lambda d: DraftModel(d, "greedy"), None,

@@ -27,8 +27,10 @@ def llama_cpp_permute(weight, num_heads):
 
 
 def flat_params(lm) -> dict:
-    return {".".join(str(p) for p in key): np.asarray(leaf.get_value())
-            for key, leaf in nnx.to_flat_state(lm.params)}
+    """Parameters by per-layer name (`layers.0.attention.q_proj.kernel`, ...)."""
+    return specjax_models.transformer.per_layer_params(
+        {".".join(str(p) for p in key): np.asarray(leaf.get_value())
+         for key, leaf in nnx.to_flat_state(lm.params)})
 
 
 def encode(array, kind, rng):
@@ -170,6 +172,10 @@ def test_the_tokenizer_keeps_control_tokens_whole_and_round_trips(tmp_path, sour
     assert 2 in ids  # the control token is one id, not split into bytes
     assert tok.decode(ids, skip_special_tokens=False) == "hello <|im_end|> world"
     assert tok.decode(tok.encode("naïve 日本 text\n\tx")) == "naïve 日本 text\n\tx"
+    text = "naïve 日本 hello"
+    push = tok.stream_decoder()  # ids one at a time: split characters are held back
+    pieces = [push([i]) for i in tok.encode(text, add_special_tokens=False)]
+    assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
     chat = tok.apply_chat_template([{"role": "user", "content": "hello"}])
     assert chat[0] == 1 and tok.decode(chat, skip_special_tokens=False).endswith(
         "<|im_start|>assistant\n")

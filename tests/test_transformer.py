@@ -1,6 +1,8 @@
 """specjax_models.transformer: incremental decoding equals the full forward, masks,
 dtypes, shapes."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -158,6 +160,12 @@ def test_llama3_8b_config_builds_abstractly_without_memory():
     assert specjax_models.count_params(state) == 8_030_261_248  # the published Llama-3-8B count
     cache = jax.eval_shape(lambda: specjax_models.KVCache.create(config, 4, 8192))
     assert cache.keys[0].shape == (4, 8, 128, 8192) and len(cache.keys) == 32
+    scanned = dataclasses.replace(config, scan_layers=True)
+    cache = jax.eval_shape(lambda: specjax_models.KVCache.create(scanned, 4, 8192))
+    assert cache.keys.shape == (32, 4, 8, 128, 8192)  # every layer in one array
+    assert cache.values.shape == (32, 4, 8, 8192, 128)
+    abstract = nnx.eval_shape(lambda: specjax_models.Transformer(scanned, rngs=nnx.Rngs(0)))
+    assert specjax_models.count_params(nnx.state(abstract, nnx.Param)) == 8_030_261_248
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -221,8 +229,19 @@ def test_out_of_vocab_ids_in_masked_slots_cannot_poison_attention(tiny_lm):
     np.testing.assert_array_equal(dirty, clean)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"sliding_window": 6, "sliding_layers": "all"}],
-                         ids=["full", "sliding-window"])
+def cache_rows(cache, b):
+    """Row b of a KVCache (per-layer arrays, or stacked ones with the layers first)."""
+    if isinstance(cache.keys, tuple):
+        return jax.tree.map(lambda x: x[b:b + 1], cache)
+    return specjax_models.KVCache(cache.keys[:, b:b + 1], cache.values[:, b:b + 1],
+                                  cache.positions[b:b + 1])
+
+
+@pytest.mark.parametrize("overrides", [{}, {"sliding_window": 6, "sliding_layers": "all"},
+                                       {"scan_layers": True},
+                                       {"sliding_window": 6, "sliding_layers": "even",
+                                        "scan_layers": True}],
+                         ids=["full", "sliding-window", "scanned", "scanned-even-windows"])
 @pytest.mark.parametrize("wide", [False, True], ids=["short-input", "long-input"])
 def test_tree_verify_then_compaction_equals_feeding_the_path_as_a_chain(overrides, wide):
     """A token tree verified in one forward (ancestor mask, positions by depth), then the
@@ -259,7 +278,7 @@ def test_tree_verify_then_compaction_equals_feeding_the_path_as_a_chain(override
         lm, tree_cache, start + 1, jnp.asarray(sources))
     for b, path in enumerate(paths):
         chain = jnp.concatenate([prompt[b:b + 1, -1:], nodes[b:b + 1, jnp.asarray(path)]], 1)
-        row_cache = jax.tree.map(lambda x, b=b: x[b:b + 1], cache)
+        row_cache = cache_rows(cache, b)
         chain_positions = (prompt_len - 1) + jnp.arange(chain.shape[1])[None]
         _, _, chain_cache = apply(lm, chain, chain_positions, row_cache, start[b:b + 1], None)
         # The next step reads both caches up to the same length: identical logits.
@@ -267,7 +286,7 @@ def test_tree_verify_then_compaction_equals_feeding_the_path_as_a_chain(override
         probe = jnp.asarray([[5, 9]], jnp.int32)
         probe_positions = length[:, None] + jnp.arange(2)[None]
         want, _, _ = apply(lm, probe, probe_positions, chain_cache, length, None)
-        tree_row = jax.tree.map(lambda x, b=b: x[b:b + 1], tree_cache)
+        tree_row = cache_rows(tree_cache, b)
         got, _, _ = apply(lm, probe, probe_positions, tree_row, length, None)
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
         np.testing.assert_array_equal(np.asarray(tree_row.positions)[0, : int(length[0])],
@@ -292,7 +311,41 @@ def test_feature_layers_are_the_residual_streams_entering_those_layers(tiny_lm):
     module = nnx.merge(tiny_lm.apply_fn.graphdef, tiny_lm.params)
     stream = module.embed(jnp.asarray(tokens))
     np.testing.assert_allclose(features[:, :, 0], stream, rtol=1e-6, atol=1e-6)
-    stream, _ = module.layers[0](stream, positions, None, None, None, None)
+    stream, _ = module.layers[0](stream, positions, None, 0, None, None, None, None)
     np.testing.assert_allclose(features[:, :, 1], stream, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="feature layer 5 is outside"):
         tiny_lm.apply(tokens, positions, None, None, feature_layers=(5,))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"sliding_window": 3, "sliding_layers": "even"}],
+                         ids=["full", "even-windows"])
+def test_scanned_layers_compute_what_unrolled_layers_do(tmp_path, overrides):
+    """scan_layers only changes how the layers run: the same parameters (stacked) give the
+    same logits, features, cache and greedy tokens; checkpoints load in either layout;
+    first_layers keeps the first layers of both."""
+    unrolled = build_lm(7, num_layers=3, **overrides)
+    specjax_models.save_checkpoint(unrolled, tiny_config(num_layers=3, **overrides), tmp_path)
+    scanned = specjax_models.load_checkpoint(tmp_path, scan_layers=True)
+    assert scanned.params["layers"]["input_norm"]["weight"].shape[0] == 3  # stacked
+    tokens = jnp.asarray([[1, 5, 9, 30, 2, 7, 7, 3]])
+    positions = jnp.arange(8)[None]
+    outs = [lm.apply(tokens, positions, lm.init_cache(1, 16), jnp.zeros(1, jnp.int32),
+                     feature_layers=(1, 2)) for lm in (unrolled, scanned)]
+    np.testing.assert_allclose(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jnp.stack(outs[0][2].keys), outs[1][2].keys, rtol=1e-5,
+                               atol=1e-5)
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 9]]
+    greedy = [specjax.generate(lm, prompts, max_new_tokens=12, sampling=specjax.GREEDY).tokens
+              for lm in (unrolled, scanned)]
+    np.testing.assert_array_equal(greedy[0], greedy[1])
+    spec = specjax.speculative_generate(scanned, specjax_models.first_layers(scanned, 1),
+                                        prompts, max_new_tokens=12, num_draft_tokens=3,
+                                        sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(spec.tokens, greedy[0])
+    # A scanned model saved loads back unrolled.
+    specjax_models.save_checkpoint(scanned, tiny_config(num_layers=3, scan_layers=True,
+                                                        **overrides), tmp_path / "s")
+    back = specjax_models.load_checkpoint(tmp_path / "s", scan_layers=False)
+    np.testing.assert_allclose(back.logits(tokens), unrolled.logits(tokens), rtol=1e-6,
+                               atol=1e-6)

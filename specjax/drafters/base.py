@@ -65,13 +65,19 @@ class Proposal:
     but the walk never accepts (lookahead, adaptive length; trees only). parents: int32
     [B, N], each node's parent (-1 = the last committed token, else an earlier node;
     siblings in draw order), only for a `DynamicTree` step, where each row has its own
-    tree (a chain or a static tree's shape is in the config).
+    tree (a chain or a static tree's shape is in the config). num_real: optional int32
+    [B], chains only: how many of the row's drafts are real guesses (0 for a row with
+    nothing to offer, e.g. prompt lookup without a match, whose drafts are filler). When
+    no running row has a real draft, the step verifies nothing and runs a one-token
+    forward instead (plain decoding's cost); otherwise every row's drafts are verified
+    as usual. Either way the output is exact.
     """
 
     tokens: Int[Array, "B N"]
     q: Float[Array, "B N V"] | None
     never_accept: Bool[Array, "B N"] | None = None
     parents: Int[Array, "B N"] | None = None
+    num_real: Int[Array, " B"] | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -84,7 +90,8 @@ class Commit:
     cut at EOS or max_new_tokens). num_accepted: int32 [B] leading drafts accepted.
     sequence: the token buffer after the step. target_hidden: [B, K+1, D] target features
     at the verified positions (last committed token, then the N nodes; [B, N+1, F+1, D]
-    when the drafter asks for feature layers). active: bool [B],
+    when the drafter asks for feature layers; after a one-token step, see
+    `Proposal.num_real`, only position 0 is filled, the rest is 0). active: bool [B],
     rows that took part in the step. path: int32 [B, D], the accepted nodes in order (-1
     after the row's num_accepted; for a chain, 0, 1, ...).
     """

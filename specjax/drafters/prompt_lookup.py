@@ -10,9 +10,11 @@ down to `min_ngram_size`) that has one wins. Its continuation starts at c = e + 
 runs into the row's own end it wraps with period L - c, which extends a repeating pattern
 the way it repeats.
 
-Rows without any match propose their last token K times (one-hot q): exactness needs
-nothing more, and the cost is the verify forward's, which a batched, static-shape step
-pays for every row anyway.
+Rows without any match propose their last token K times (one-hot q) and report no real
+draft (`Proposal.num_real` 0): when no running row of the batch has a match, the step
+runs a one-token forward instead of verifying K + 1 (plain decoding's cost, as
+transformers' prompt lookup falls back to); otherwise the filler is verified with the
+rest, which exactness allows.
 """
 
 from __future__ import annotations
@@ -101,7 +103,9 @@ class PromptLookup:
     def propose(self, state: Array, context: DraftContext, key: Array, *,
                 num_draft_tokens: int, sampling: SamplingConfig,
                 vocab_size: int) -> tuple[Array, Proposal]:
-        drafts_BK, _ = self.lookup(context.sequence, context.lengths, num_draft_tokens)
+        drafts_BK, ngram_size_B = self.lookup(context.sequence, context.lengths,
+                                              num_draft_tokens)
         drafts_BK = jnp.minimum(drafts_BK, vocab_size - 1)
         q_BKV = jax.nn.one_hot(drafts_BK, vocab_size, dtype=jnp.float32)
-        return state, Proposal(tokens=drafts_BK, q=q_BKV)
+        num_real_B = jnp.where(ngram_size_B > 0, num_draft_tokens, 0).astype(jnp.int32)
+        return state, Proposal(tokens=drafts_BK, q=q_BKV, num_real=num_real_B)

