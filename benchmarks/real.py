@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
+import json
 
 import jax
 import numpy as np
 
 import specjax
 import specjax_models
-from benchmarks.common import machine_record, median, write_results
+from benchmarks.common import RESULTS, machine_record, median, write_results
 from benchmarks.real_prompts import PROMPTS
 from specjax.timing import wall_seconds
 
@@ -90,7 +92,15 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--name", default="real_cpu")
+    parser.add_argument("--roofline-only", action="store_true",
+                        help="keep the rows of an earlier run; measure the roofline line")
     args = parser.parse_args()
+    if args.roofline_only:
+        earlier = json.loads((RESULTS / f"{args.name}.json").read_text())
+        path = specjax_models.smollm2_path() if args.gguf is None else args.gguf
+        write_report(argparse.Namespace(**{**earlier["args"], "name": args.name}),
+                     earlier["rows"], smollm2_roofline(specjax_models.from_gguf(path)))
+        return
     import torch
     import transformers
 
@@ -107,7 +117,7 @@ def main() -> None:
     eos_id, pad_id = tok.eos_ids[0], tok.pad_id if tok.pad_id is not None else tok.eos_ids[0]
     every_request = {kind: [tok.apply_chat_template([{"role": "user", "content": p}])
                             for p in prompts] for kind, prompts in PROMPTS.items()}
-    cache_size = 1024
+    cache_size = None  # each request's own power-of-two bucket (the warm-up compiles all)
     rows = []
     for mode, sampling in MODES.items():
         for batch_size in args.batches:
@@ -153,10 +163,21 @@ def main() -> None:
                     print(f"{mode}, B={batch_size}, {kind}: {library} {name}: {rate:.1f} "
                           f"tokens/s ({rate / base:.2f}x our plain)", flush=True)
                 jax.clear_caches()
-    write_report(args, rows)
+    write_report(args, rows, smollm2_roofline(target))
 
 
-def write_report(args, rows) -> None:
+def smollm2_roofline(target) -> dict:
+    """Plain decoding's one-token step (batch 1, 320 tokens in a 512-slot cache) against
+    the bytes it must read (weights + that cache) / the measured copy bandwidth."""
+    from benchmarks.run import roofline
+
+    weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(target.params))
+    cache = target.init_cache(1, 512)
+    cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache)) * 320 // 512
+    return dataclasses.asdict(roofline(target, weights + cache_bytes, 5))
+
+
+def write_report(args, rows, line: dict | None = None) -> None:
     lines = ["# A real model on real text: SmolLM2-135M-Instruct", "",
              f"`python -m benchmarks.real --prompts-per-kind {args.prompts_per_kind} "
              f"--new-tokens {args.new_tokens} --reps {args.reps}`. SmolLM2-135M-Instruct "
@@ -189,8 +210,16 @@ def write_report(args, rows) -> None:
                      f"decoding (goal on chat: >= 0.97x) and "
                      f"{lookup['tokens_per_second'] / hf_lookup['tokens_per_second']:.2f}x "
                      "transformers' prompt lookup.")
+    if line is not None:
+        lines += ["", f"Roofline: a plain decode step (batch 1, float32 weights) must read "
+                  f"{line['bytes_per_step'] / 1e6:.0f} MB; at the measured copy bandwidth of "
+                  f"{line['bandwidth_bytes_s'] / 1e9:.1f} GB/s that takes "
+                  f"{line['roofline_step_s'] * 1e3:.1f} ms; the step measured "
+                  f"{line['measured_step_s'] * 1e3:.1f} ms: "
+                  f"{line['fraction_of_roofline']:.0%} of the roofline (goal >= 80%)."]
     write_results(args.name, {"benchmark": "real", "machine": machine_record(),
-                              "args": vars(args), "rows": rows}, "\n".join(lines) + "\n")
+                              "args": vars(args), "rows": rows, "roofline": line},
+                  "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -239,7 +239,7 @@ def peers(target, draft, prompts, grid) -> list[PeerResult]:
                     sampling=specjax.GREEDY).tokens))[0].tolist(),
             "specjax prompt lookup K=4": lambda ids=ids: np.asarray(block(
                 specjax.speculative_generate(
-                    target, specjax.PromptLookup(), [ids], max_new_tokens=n,
+                    target, specjax.PromptLookup(min_ngram_size=1), [ids], max_new_tokens=n,
                     num_draft_tokens=4, sampling=specjax.GREEDY).tokens))[0].tolist(),
         }
         outputs = {name: call() for name, call in calls.items()}  # warm-up and compile
@@ -321,7 +321,9 @@ def measure_grid(grid, done: dict, record) -> list[ConfigResult]:
     interrupted run (reused), `record` saves each new one as it finishes."""
     target, draft = specjax_models.load_bundled("target"), specjax_models.load_bundled("draft")
     workloads = bundled_workloads(grid)
-    drafters = {"draft model": (draft, draft), "prompt lookup": (specjax.PromptLookup(), None)}
+    # min 1: as the committed results were measured (the default is now 2).
+    drafters = {"draft model": (draft, draft),
+                "prompt lookup": (specjax.PromptLookup(min_ngram_size=1), None)}
     rows = []
 
     def run(key, measure_row):

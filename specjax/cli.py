@@ -722,7 +722,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: model for the bundled pair, prompt-lookup for smollm2)")
     gen.add_argument("--max-ngram-size", type=int, default=3,
                      help="prompt lookup: longest n-gram matched (default: %(default)s)")
-    gen.add_argument("--min-ngram-size", type=int, default=1,
+    gen.add_argument("--min-ngram-size", type=int, default=2,
                      help="prompt lookup: shortest n-gram matched (default: %(default)s)")
     gen.add_argument("--no-speculation", action="store_true",
                      help="plain autoregressive decoding of the target")
@@ -761,7 +761,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--greedy-draft", action="store_true", help=argparse.SUPPRESS)
     ch.add_argument("--max-ngram-size", type=int, default=3,
                     help="prompt lookup: longest n-gram matched (default: %(default)s)")
-    ch.add_argument("--min-ngram-size", type=int, default=1,
+    ch.add_argument("--min-ngram-size", type=int, default=2,
                     help="prompt lookup: shortest n-gram matched (default: %(default)s)")
     ch.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                     help=colour_help)

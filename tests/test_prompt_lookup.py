@@ -20,12 +20,13 @@ def _lookup(rows, k, capacity=24, junk=7, **kwargs):
 
 
 def test_most_recent_occurrence_of_the_longest_ngram():
+    assert PromptLookup().min_ngram_size == 2  # the default; 1-grams are tested here
     drafts, sizes = _lookup([
         [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3],   # [1 2 3] at ends 2 and 6: the later wins
         [5, 9, 1, 6, 3, 1, 8, 9, 1],         # 2-gram [9 1] beats the more recent 1-gram [1]
         [1, 2, 3],                           # no earlier occurrence of anything
         [4, 4],                              # 1-gram [4] at end 0
-    ], k=6)
+    ], k=6, min_ngram_size=1)
     assert drafts[0] == [5, 1, 2, 3, 5, 1]   # continuation 5 1 2 3, then it wraps (period 4)
     assert sizes == [3, 2, 0, 1]
     assert drafts[1] == [6, 3, 1, 8, 9, 1]
@@ -70,14 +71,15 @@ def test_a_batch_without_matches_runs_a_one_token_step(tiny_lm):
     np.testing.assert_array_equal(spec.tokens, plain.tokens)
     np.testing.assert_array_equal(spec.stats.target_forwards, [1, 1])
     np.testing.assert_array_equal(spec.stats.proposed, [0, 0])  # nothing was verified
-    mixed = [[1, 2, 3], [9, 8, 9]]  # row 1's last token occurred before
+    mixed = [[1, 2, 3], [9, 8, 4, 9, 8]]  # row 1's last bigram occurred before
     spec = speculative_generate(tiny_lm, PromptLookup(), mixed, max_new_tokens=1,
                                 num_draft_tokens=4, sampling=GREEDY)
     np.testing.assert_array_equal(spec.stats.proposed, [4, 4])
     # Over a longer run both kinds of step happen, and the output is still generate's.
     prompts = [[1, 2, 3, 4, 5, 6], [20, 21, 22]]
     plain = generate(tiny_lm, prompts, max_new_tokens=30, sampling=GREEDY)
-    spec = speculative_generate(tiny_lm, PromptLookup(), prompts, max_new_tokens=30,
+    spec = speculative_generate(tiny_lm, PromptLookup(min_ngram_size=1), prompts,
+                                max_new_tokens=30,
                                 num_draft_tokens=4, sampling=GREEDY)
     np.testing.assert_array_equal(spec.tokens, plain.tokens)
     forwards = int(spec.stats.target_forwards.max())

@@ -35,11 +35,15 @@ from specjax.sampling import SamplingConfig
 class PromptLookup:
     """Draft by n-gram lookup in the row's own tokens (prompt and everything generated).
 
-    A pytree with no leaves: both settings are static.
+    min_ngram_size defaults to 2: a single repeated token (" the", ",") predicts little, and
+    verifying its continuation costs more than it returns. Measured on SmolLM2 chat
+    prompts (greedy, batch 1, K = 4): min 1 runs at 0.88x plain decoding, min 2 at 1.00x
+    (the rows without a bigram match take one-token steps), while rewrite prompts keep
+    1.27x (1.29x with min 1). A pytree with no leaves: both settings are static.
     """
 
     max_ngram_size: int = dataclasses.field(default=3, metadata={"static": True})
-    min_ngram_size: int = dataclasses.field(default=1, metadata={"static": True})
+    min_ngram_size: int = dataclasses.field(default=2, metadata={"static": True})
 
     def __post_init__(self):
         for name in ("max_ngram_size", "min_ngram_size"):
