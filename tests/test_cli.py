@@ -15,6 +15,7 @@ def run(*args, timeout=240):
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_generate_json_speculative_equals_plain_greedy():
     prompt = "def parse(source, filename):\n    "
     spec = run("generate", prompt, "--json", "--max-new-tokens", "40", "--num-draft-tokens", "4")
@@ -44,6 +45,7 @@ def test_generate_json_speculative_equals_plain_greedy():
     assert tree_out["stats"]["nodes_per_step"] == 12
 
 
+@pytest.mark.slow
 def test_demo_streams_and_explains_its_speed():
     out = run("demo", "--max-new-tokens", "24", "--prompts", "1", "--color", "never",
               "--reps", "1")
@@ -91,6 +93,7 @@ def test_no_prompt_on_a_terminal_is_a_message_not_a_wait(monkeypatch):
         cli._read_prompt(args)
 
 
+@pytest.mark.slow
 def test_generate_summary_quiet_and_length_warning():
     out = run("generate", "def parse(source):\n", "--max-new-tokens", "16", "--color", "never")
     assert out.returncode == 0, out.stderr
@@ -104,6 +107,7 @@ def test_generate_summary_quiet_and_length_warning():
     assert "exceeds the 512-token windows the target was trained on" in long.stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_cleanly_with_what_was_generated():
     # A shell running this suite in the background leaves SIGINT ignored in its children,
     # and Python keeps an ignored SIGINT ignored: restore the default for the CLI.
@@ -119,6 +123,7 @@ def test_ctrl_c_ends_cleanly_with_what_was_generated():
     assert "Traceback" not in stderr and "interrupted" in stderr
 
 
+@pytest.mark.slow
 def test_train_then_distill_end_to_end(tmp_path):
     data = tmp_path / "corpus"
     corpus.build_corpus(max_files=30).save(data)

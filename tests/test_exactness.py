@@ -36,25 +36,29 @@ class Entry:
     num_draft_tokens: int | None = 3
     tree: TreeShape | DynamicTree | None = None
     stat_prompt: tuple = (1, 5, 2)  # the prompt of the chi-square test
+    # Run in the `slow` set (CI runs it too), to keep the unit suite under 10 minutes:
+    # trees compile a decoder per setting, and these paths have cheaper relatives there.
+    slow_greedy: bool = False
+    slow_stats: bool = False
 
 
 ENTRIES = {
     "draft model, chain, sampled": Entry(lambda d: DraftModel(d, "sample")),
-    "draft model, chain, argmax": Entry(lambda d: DraftModel(d, "greedy")),
+    "draft model, chain, argmax": Entry(lambda d: DraftModel(d, "greedy"), slow_stats=True),
     # A repeating prompt, so that the lookup finds matches and drafts get accepted.
     "prompt lookup, chain": Entry(lambda d: PromptLookup(max_ngram_size=2),
                                   stat_prompt=(1, 5, 2, 1, 5, 2, 1)),
     # No match at the first step: one-token steps (Proposal.num_real) mixed with verifies.
     "prompt lookup, chain, no match at first": Entry(lambda d: PromptLookup(),
-                                                     stat_prompt=(1, 5, 2)),
+                                                     stat_prompt=(1, 5, 2), slow_stats=True),
     "draft model, static tree, sampled": Entry(lambda d: DraftModel(d, "sample"), None,
-                                               STATIC_TREE),
+                                               STATIC_TREE, slow_greedy=True),
     "draft model, static tree, top-k": Entry(lambda d: DraftModel(d, "greedy"), None,
                                              STATIC_TREE),
     "draft model, Sequoia tree, sampled": Entry(lambda d: DraftModel(d, "sample"), None,
-                                                SEQUOIA_TREE),
+                                                SEQUOIA_TREE, slow_greedy=True),
     "draft model, Sequoia tree, top-k": Entry(lambda d: DraftModel(d, "greedy"), None,
-                                              SEQUOIA_TREE),
+                                              SEQUOIA_TREE, slow_greedy=True),
     # EAGLE-2: a different tree per row, grown from the draft's top-k (deterministic).
     "draft model, dynamic tree, top-k": Entry(lambda d: DraftModel(d), None, DYNAMIC_TREE),
 }
@@ -65,7 +69,11 @@ PROMPTS = [[1, 2, 3, 4, 1, 2], [7, 7], [30, 2, 5, 9, 11, 3], [4]]
 STAT_ROWS = 30_000
 
 
-@pytest.mark.parametrize("name", sorted(ENTRIES))
+GREEDY_CASES = [pytest.param(name, marks=pytest.mark.slow) if ENTRIES[name].slow_greedy
+                else name for name in sorted(ENTRIES)]
+
+
+@pytest.mark.parametrize("name", GREEDY_CASES)
 def test_greedy_output_equals_generate(tiny_lm, close_draft, random_draft, name):
     entry = ENTRIES[name]
     plain = specjax.generate(tiny_lm, PROMPTS, max_new_tokens=24, sampling=GREEDY)
@@ -82,7 +90,8 @@ def test_greedy_output_equals_generate(tiny_lm, close_draft, random_draft, name)
 
 # Tree entries compile a decoder per sampling setting: their chi-square runs are in the
 # `slow` set (`pytest -m slow`, which CI runs too) to keep the default suite short.
-STAT_CASES = [pytest.param(name, marks=pytest.mark.slow) if ENTRIES[name].tree is not None
+STAT_CASES = [pytest.param(name, marks=pytest.mark.slow)
+              if ENTRIES[name].tree is not None or ENTRIES[name].slow_stats
               else name for name in sorted(ENTRIES)]
 
 
@@ -108,6 +117,7 @@ class _MisreportedTree(DraftModel):
         return state, dataclasses.replace(proposal, q=uniform)
 
 
+@pytest.mark.slow
 def test_the_suite_fails_a_drafter_that_misreports_its_tree(micro_lm, micro_drafts):
     pvalue, _ = speculative_joint_pvalue(
         micro_lm, _MisreportedTree(micro_drafts["far"], "sample"), [1, 5, 2],

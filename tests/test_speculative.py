@@ -103,6 +103,7 @@ def test_chi_square_has_power_against_the_draft_distribution(micro_lm, micro_dra
     assert chi_square_pvalue(np.asarray(out.tokens), draft_joint) < 1e-6
 
 
+@pytest.mark.slow
 def test_longer_blocks_are_exact_too(micro_lm, micro_drafts):
     pvalue, out = _joint_pvalue(micro_lm, micro_drafts["close"], SamplingConfig(temperature=0.9),
                                 5, seed=102)
@@ -141,6 +142,7 @@ def test_edge_cases_stay_exact(case):
         assert out.stats.acceptance_rate == 1.0
 
 
+@pytest.mark.slow
 def test_bfloat16_params_are_exact_with_float32_maths(micro_lm, micro_drafts):
     cast = lambda lm: lm.with_params(jax.tree.map(lambda x: x.astype(jnp.bfloat16), lm.params))
     target16 = build_lm(3, vocab_size=8, num_layers=1, d_model=16, num_heads=2,
@@ -196,6 +198,7 @@ REPRO_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_same_key_same_tokens_in_this_process_and_a_fresh_one(tiny_lm, random_draft):
     call = lambda key: speculative_generate(tiny_lm, random_draft, PROMPTS, max_new_tokens=16,
                                             num_draft_tokens=3,
@@ -373,6 +376,7 @@ def test_tiny_temperatures_follow_the_greedy_limit(tiny_lm, close_draft):
     np.testing.assert_array_equal(spec.tokens, greedy.tokens)
 
 
+@pytest.mark.slow
 def test_bfloat16_greedy_divergence_is_a_near_tie():
     """bf16: the 1-token decode and the (K+1)-token verify round differently, so greedy
     outputs may part where the top two logits nearly tie (README, "Exactness"). Wherever
@@ -462,6 +466,7 @@ def test_dynamic_tree_proposals_must_carry_their_parents(tiny_lm):
                              sampling=GREEDY, tree=TREES["binary depth 3"])
 
 
+@pytest.mark.slow
 def test_tree_stream_equals_tree_generate(tiny_lm, close_draft):
     tree = TREES["binary depth 3"]
     kwargs = dict(max_new_tokens=16, sampling=SamplingConfig(temperature=1.0),

@@ -317,8 +317,9 @@ def test_feature_layers_are_the_residual_streams_entering_those_layers(tiny_lm):
         tiny_lm.apply(tokens, positions, None, None, feature_layers=(5,))
 
 
-@pytest.mark.parametrize("overrides", [{}, {"sliding_window": 3, "sliding_layers": "even"}],
-                         ids=["full", "even-windows"])
+@pytest.mark.parametrize("overrides", [
+    pytest.param({}, marks=pytest.mark.slow),  # the windowed case covers it in the unit suite
+    {"sliding_window": 3, "sliding_layers": "even"}], ids=["full", "even-windows"])
 def test_scanned_layers_compute_what_unrolled_layers_do(tmp_path, overrides):
     """scan_layers only changes how the layers run: the same parameters (stacked) give the
     same logits, features, cache and greedy tokens; checkpoints load in either layout;
