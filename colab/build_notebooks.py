@@ -60,6 +60,13 @@ SEED = 0                                                # every draw below deriv
 print("backend:", jax.default_backend(), "| devices:", jax.devices(), "| small mode:", SMALL)
 '''
 
+PLOTS = """\
+import matplotlib.pyplot as plt
+# Figures as SVG text: readable in diffs and reviews, no base64 blobs in the notebook.
+%config InlineBackend.figure_formats = ['svg']
+plt.rcParams['svg.hashsalt'] = 'specjax'  # stable element ids, so re-runs diff cleanly
+"""
+
 COLOUR_HTML = '''\
 from IPython.display import HTML, display
 
@@ -156,7 +163,7 @@ def exactness():
             "3. Acceptance against K and temperature on the bundled pair, with the "
             "analytical curve.\n\nRuntime: about a minute on a CPU."),
         new_code_cell(INSTALL),
-        new_code_cell(SETUP + "import matplotlib.pyplot as plt\nfrom scipy import stats\n"
+        new_code_cell(SETUP + PLOTS + "from scipy import stats\n"
                       "from specjax.rejection import accept_sampled, residual_distribution\n"),
         new_markdown_cell(
             "## 1. q = {mat 0.6, sat 0.3, ran 0.1}, p = {mat 0.5, sat 0.4, ran 0.1}\n\n"
@@ -354,7 +361,7 @@ def train_a_draft():
             "and after distillation. Runtime: about a minute on a CPU in the notebook's "
             "small mode, longer at full size (more steps; a GPU/TPU makes it quick)."),
         new_code_cell(INSTALL),
-        new_code_cell(SETUP + "import matplotlib.pyplot as plt\nfrom flax import nnx\n"
+        new_code_cell(SETUP + PLOTS + "from flax import nnx\n"
                       "from specjax_models import corpus as corpus_lib\n"
                       "from specjax.training import DistillConfig, TrainConfig, distill, train\n"),
         new_code_cell(
