@@ -11,6 +11,7 @@ from specjax_models.transformer import (
     Transformer,
     TransformerConfig,
     count_params,
+    embedding_and_head,
     first_layers,
 )
 
@@ -23,6 +24,7 @@ __all__ = [
     "TransformerConfig",
     "bundled_prompts",
     "count_params",
+    "embedding_and_head",
     "first_layers",
     "from_gguf",
     "from_pretrained",

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import specjax
 from specjax_models.checkpoint import load_checkpoint
 from specjax_models.tokenizer import VOCAB_SIZE
 from specjax_models.transformer import TransformerConfig
 
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
-NAMES = ("target", "draft")
+MODEL_NAMES = ("target", "draft")
+HEAD_NAMES = ("medusa", "eagle", "eagle3", "mtp")  # feature drafters of the target
+NAMES = MODEL_NAMES + HEAD_NAMES
 
 TARGET_CONFIG = TransformerConfig(vocab_size=VOCAB_SIZE, num_layers=6, d_model=256,
                                   num_heads=8, num_kv_heads=4, d_ff=768, max_seq_len=2048,
@@ -32,10 +33,24 @@ def bundled_path(name: str) -> Path:
     return CHECKPOINTS / name
 
 
-def load_bundled(name: str, dtype=None, scan_layers: bool = False) -> specjax.CausalLM:
+def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
+                 draft_method: str | None = None):
     """The bundled "target" or "draft" model as a CausalLM (`dtype` and `scan_layers` as
-    in `load_checkpoint`: e.g. "bfloat16" or jnp.bfloat16; default float32, as trained)."""
+    in `load_checkpoint`: e.g. "bfloat16" or jnp.bfloat16; default float32, as trained),
+    or a trained feature drafter of the bundled target ("medusa", "eagle", "eagle3",
+    "mtp": a `specjax.drafters.Medusa` / `Eagle` sharing the float32 target's embedding and
+    LM head; `draft_method` "sample" or "greedy", default each drafter's)."""
     path = bundled_path(name)
+    if name in HEAD_NAMES:
+        from specjax_models.heads import load_head_for
+
+        if not (path / "head.npz").exists():
+            raise FileNotFoundError(
+                f"the bundled {name} head is missing at {path}; train it with `specjax "
+                f"train-drafter --method {name} --out {path}`")
+        return load_head_for(path, load_bundled("target"), draft_method)
+    if draft_method is not None:
+        raise ValueError("draft_method is for the feature drafters (medusa, eagle, eagle3, mtp)")
     if not (path / "params").exists():
         raise FileNotFoundError(
             f"the bundled {name} checkpoint is missing at {path}; this checkout has no trained "

@@ -727,6 +727,21 @@ def count_params(model_or_state) -> int:
     return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state))
 
 
+def embedding_and_head(lm) -> tuple[Array, Array]:
+    """The token embedding [V, D] and the LM head [V, D] (the embedding again when tied) of
+    a Transformer (an NNX module or its `specjax.CausalLM`): what feature drafters (EAGLE,
+    MTP, Medusa) share with their target. Arrays, not copies: they stay frozen."""
+    params = lm.params if hasattr(lm, "apply_fn") else nnx.state(lm, nnx.Param)
+    names = set(params.keys()) if hasattr(params, "keys") else set()
+    if "embed" not in names:
+        raise TypeError("embedding_and_head needs a specjax_models.Transformer (or its "
+                        f"CausalLM); these parameters have no 'embed': {sorted(names)}")
+    embedding = jnp.asarray(params["embed"]["embedding"][...])
+    if "lm_head" in names:
+        return embedding, jnp.asarray(params["lm_head"]["kernel"][...]).T
+    return embedding, embedding
+
+
 def first_layers(model, num_layers: int):
     """A shallower copy of `model`: its first `num_layers` blocks with the same embeddings,
     final norm and head (a layer-truncated draft sharing the target's tokenizer).

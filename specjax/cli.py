@@ -619,6 +619,102 @@ def _distill(args) -> int:
     return 0
 
 
+def _drafter_data(args, target, corpus, out):
+    """Self-distillation data: corpus prompts continued by the target (cached in
+    OUT/data.npz, so a resumed run reuses it)."""
+    import jax
+    import numpy as np
+
+    import specjax_models.corpus as corpus_lib
+    from specjax.training import self_distillation_data
+
+    path = out / "data.npz"
+    wanted = {"sequences": args.sequences, "prompt_len": args.prompt_len,
+              "seq_len": args.seq_len, "seed": args.seed,
+              "data_temperature": args.data_temperature}
+    if path.exists():
+        with np.load(path) as saved:
+            if json.loads(str(saved["settings"])) == wanted:
+                _say(f"reusing the generated data in {path}")
+                return saved["train"], saved["heldout"]
+        raise CliError(f"{path} was generated with other settings; use another --out or "
+                       "delete it")
+    new_tokens = args.seq_len - args.prompt_len
+    if new_tokens < 1:
+        raise CliError(f"--seq-len ({args.seq_len}) must exceed --prompt-len "
+                       f"({args.prompt_len})")
+    heldout_rows = args.eval_batches * args.batch_size
+    key = jax.random.key(args.seed)
+    shown = lambda done, total: _say(f"  generated {done}/{total} continuations")
+    _say(f"generating {args.sequences} + {heldout_rows} held-out continuations of "
+         f"{new_tokens} tokens with the target (temperature {args.data_temperature})...")
+    prompts = corpus_lib.sample_windows(corpus.train, args.sequences, args.prompt_len,
+                                        args.seed, 0)
+    train = self_distillation_data(target, prompts, new_tokens, key=key,
+                                   temperature=args.data_temperature, progress=shown)
+    held_prompts = corpus_lib.sample_windows(corpus.heldout, heldout_rows, args.prompt_len,
+                                             10_000 + args.seed, 0)
+    heldout = self_distillation_data(target, held_prompts, new_tokens,
+                                     key=jax.random.fold_in(key, 1),
+                                     temperature=args.data_temperature)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(path, train=train, heldout=heldout, settings=json.dumps(wanted))
+    return train, heldout
+
+
+def _train_drafter(args) -> int:
+    train_config = _train_config(args)
+    _check_dir(args.target, "--target")
+    import time
+    from pathlib import Path
+
+    import specjax_models
+    from specjax.training import HeadTrainConfig, train_head
+    from specjax_models.heads import create_head
+
+    head_config = HeadTrainConfig(method=args.method, unroll=args.unroll)
+    out = Path(args.out)
+    _say("loading the target...")
+    target = _load(args.target, "target")
+    target_config = (specjax_models.load_config(args.target) if args.target
+                     else specjax_models.TARGET_CONFIG)
+    corpus = _corpus(args)
+    started = time.perf_counter()
+    train, heldout = _drafter_data(args, target, corpus, out)
+    data_seconds = time.perf_counter() - started
+    drafter = create_head(args.method, target, target_config, seed=args.seed,
+                          medusa_heads=args.medusa_heads)
+    _say(f"training a {args.method} drafter ({_num_params(drafter) / 1e6:.2f}M params; the "
+         "target's embedding and LM head are shared and frozen)")
+    held = [heldout[i * args.batch_size:(i + 1) * args.batch_size]
+            for i in range(args.eval_batches)]
+    started = time.perf_counter()
+    result = train_head(drafter, target, train, train_config, head_config,
+                        batch_size=args.batch_size, checkpoint_dir=out / "run", heldout=held,
+                        seed=args.seed, max_seconds=args.max_seconds)
+    steps = result.history[-1]["step"] if result.history else 0
+    last_eval = next((h for h in reversed(result.history) if "heldout_loss" in h), {})
+    acceptance = {k: v for k, v in last_eval.items() if k.startswith("acceptance@")}
+    result.lm.save(out)
+    import platform
+
+    import jax
+
+    (out / "metadata.json").write_text(json.dumps({
+        "kind": "train-drafter", "method": args.method, "steps_done": steps,
+        "args": vars(args), "heldout_loss": result.heldout_loss,
+        "heldout_acceptance": acceptance, "train_sequences": int(len(train)),
+        "data_seconds_this_run": round(data_seconds, 1),
+        "train_seconds_this_run": round(time.perf_counter() - started, 1),
+        "device": f"{jax.devices()[0].platform} ({platform.processor() or platform.machine()}, "
+                  f"{os.cpu_count()} cores)",
+        "command": " ".join(sys.argv)}, indent=1) + "\n")
+    shown = ", ".join(f"{k} {v:.3f}" for k, v in acceptance.items())
+    print(f"trained {steps} steps; held-out expected acceptance at t=1: {shown}; saved to "
+          f"{out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- parser
 
 def _add_sampling(parser):
@@ -787,6 +883,33 @@ def build_parser() -> argparse.ArgumentParser:
                     help="share of steps trained on the draft's own samples "
                          "(default: %(default)s)")
     _add_training(di, steps=2000, lr=1e-3)
+
+    td = sub.add_parser("train-drafter", help="train Medusa / EAGLE / EAGLE-3 / MTP heads "
+                        "on a target by self-distillation",
+                        description="Train a feature drafter on the target's own "
+                        "continuations of corpus prompts (generated once, cached in "
+                        "OUT/data.npz), the target frozen inside each step; resumable orbax "
+                        "checkpoints, held-out expected acceptance per draft depth.")
+    td.add_argument("--method", choices=["medusa", "eagle", "eagle3", "mtp"], required=True,
+                    help="medusa: heads on the last hidden state; eagle: EAGLE-1 (feature "
+                         "regression); eagle3: EAGLE-3 (three fused layers, training-time "
+                         "test); mtp: a DeepSeek-V3 MTP module reused recursively")
+    td.add_argument("--target", default=None,
+                    help="target checkpoint directory (default: the bundled target)")
+    td.add_argument("--sequences", type=int, default=2048,
+                    help="training continuations to generate (default: %(default)s)")
+    td.add_argument("--prompt-len", type=int, default=32,
+                    help="corpus tokens before each continuation (default: %(default)s)")
+    td.add_argument("--data-temperature", type=float, default=1.0,
+                    help="the target samples its continuations at this temperature "
+                         "(default: %(default)s)")
+    td.add_argument("--unroll", type=int, default=None,
+                    help="training-time-test steps for eagle3 / mtp (default: 4)")
+    td.add_argument("--medusa-heads", type=int, default=4,
+                    help="Medusa heads (drafting depth; default: %(default)s)")
+    _add_training(td, steps=1500, lr=3e-3)
+    td.set_defaults(seq_len=128, eval_batches=2, checkpoint_every=250, eval_every=250,
+                    warmup_steps=50)
     return parser
 
 
@@ -796,7 +919,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         command = args.command
         handlers = {"demo": _demo, "generate": _generate, "chat": _chat, "train": _train,
-                    "distill": _distill}
+                    "distill": _distill, "train-drafter": _train_drafter}
         return handlers[command](args)
     except (CliError, ValueError, TypeError, FileNotFoundError) as error:
         print(f"specjax {command}: error: {error}", file=sys.stderr)

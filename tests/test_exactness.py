@@ -19,11 +19,14 @@ import numpy as np
 import pytest
 
 import specjax
+import specjax_models
 from specjax import GREEDY, DraftModel, PromptLookup, SamplingConfig
+from specjax.drafters import Eagle, FeatureHeadConfig, Medusa, eagle3_feature_layers
 from specjax.testing import speculative_joint_pvalue
 from specjax.trees import DynamicTree, TreeShape
 
 STATIC_TREE = TreeShape.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+MEDUSA_TREE = TreeShape.from_paths([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
 SEQUOIA_TREE = TreeShape.sequoia([0.6, 0.25, 0.1], num_nodes=8, max_depth=4)
 DYNAMIC_TREE = DynamicTree(num_nodes=8, max_depth=4, top_k=3)
 
@@ -32,7 +35,7 @@ DYNAMIC_TREE = DynamicTree(num_nodes=8, max_depth=4, top_k=3)
 class Entry:
     """How to build the drafter from a draft model, and the proposal shape."""
 
-    make: object  # draft CausalLM -> drafter
+    make: object  # (draft CausalLM, target CausalLM) -> drafter
     num_draft_tokens: int | None = 3
     tree: TreeShape | DynamicTree | None = None
     stat_prompt: tuple = (1, 5, 2)  # the prompt of the chi-square test
@@ -42,25 +45,66 @@ class Entry:
     slow_stats: bool = False
 
 
+def eagle(kind: str, method: str = "sample"):
+    """A randomly initialised feature head of `kind` on the target (its embedding, LM head
+    and block shape): untrained, so its drafts are often rejected, which the suite needs
+    as much as accepted ones."""
+
+    def make(draft, target):
+        embedding, lm_head = specjax_models.embedding_and_head(target)
+        d_model = embedding.shape[1]
+        num_layers = sum(1 for name in target.params["layers"].keys())
+        layers = eagle3_feature_layers(num_layers) if kind == "eagle3" else ()
+        config = FeatureHeadConfig(kind=kind, d_model=d_model, num_heads=2, num_kv_heads=1,
+                                   d_ff=2 * d_model, feature_layers=layers)
+        head = Eagle.create(config, embedding, lm_head, jax.random.key(5), method)
+        # Sharper than the 0.02 init, so the head's distribution is far from uniform.
+        return head.with_params(jax.tree.map(lambda x: 8.0 * x if x.ndim == 2 else x,
+                                             head.params))
+
+    return make
+
+
+def medusa(method: str = "greedy"):
+    def make(draft, target):
+        head = Medusa.create(3, specjax_models.embedding_and_head(target)[1], method)
+        key_w, key_b = jax.random.split(jax.random.key(6))
+        return head.with_params({"w": 0.5 * jax.random.normal(key_w, head.params["w"].shape),
+                                 "b": 0.5 * jax.random.normal(key_b, head.params["b"].shape)})
+
+    return make
+
+
 ENTRIES = {
-    "draft model, chain, sampled": Entry(lambda d: DraftModel(d, "sample")),
-    "draft model, chain, argmax": Entry(lambda d: DraftModel(d, "greedy"), slow_stats=True),
+    "draft model, chain, sampled": Entry(lambda d, t: DraftModel(d, "sample")),
+    "draft model, chain, argmax": Entry(lambda d, t: DraftModel(d, "greedy"), slow_stats=True),
     # A repeating prompt, so that the lookup finds matches and drafts get accepted.
-    "prompt lookup, chain": Entry(lambda d: PromptLookup(max_ngram_size=2),
+    "prompt lookup, chain": Entry(lambda d, t: PromptLookup(max_ngram_size=2),
                                   stat_prompt=(1, 5, 2, 1, 5, 2, 1)),
     # No match at the first step: one-token steps (Proposal.num_real) mixed with verifies.
-    "prompt lookup, chain, no match at first": Entry(lambda d: PromptLookup(),
+    "prompt lookup, chain, no match at first": Entry(lambda d, t: PromptLookup(),
                                                      stat_prompt=(1, 5, 2), slow_stats=True),
-    "draft model, static tree, sampled": Entry(lambda d: DraftModel(d, "sample"), None,
+    "draft model, static tree, sampled": Entry(lambda d, t: DraftModel(d, "sample"), None,
                                                STATIC_TREE, slow_greedy=True),
-    "draft model, static tree, top-k": Entry(lambda d: DraftModel(d, "greedy"), None,
+    "draft model, static tree, top-k": Entry(lambda d, t: DraftModel(d, "greedy"), None,
                                              STATIC_TREE),
-    "draft model, Sequoia tree, sampled": Entry(lambda d: DraftModel(d, "sample"), None,
+    "draft model, Sequoia tree, sampled": Entry(lambda d, t: DraftModel(d, "sample"), None,
                                                 SEQUOIA_TREE, slow_greedy=True),
-    "draft model, Sequoia tree, top-k": Entry(lambda d: DraftModel(d, "greedy"), None,
+    "draft model, Sequoia tree, top-k": Entry(lambda d, t: DraftModel(d, "greedy"), None,
                                               SEQUOIA_TREE, slow_greedy=True),
     # EAGLE-2: a different tree per row, grown from the draft's top-k (deterministic).
-    "draft model, dynamic tree, top-k": Entry(lambda d: DraftModel(d), None, DYNAMIC_TREE),
+    "draft model, dynamic tree, top-k": Entry(lambda d, t: DraftModel(d), None, DYNAMIC_TREE),
+    # Feature drafters (EAGLE-1/3, MTP, Medusa): they read the target's features.
+    "eagle3, chain, sampled": Entry(eagle("eagle3")),
+    "eagle1, chain, argmax": Entry(eagle("eagle1", "greedy"), slow_stats=True),
+    "mtp, chain, sampled": Entry(eagle("mtp"), slow_stats=True),
+    "eagle3, static tree, sampled": Entry(eagle("eagle3"), None, STATIC_TREE, slow_greedy=True),
+    "eagle3, dynamic tree, top-k": Entry(eagle("eagle3"), None, DYNAMIC_TREE),
+    "medusa, chain, top-1": Entry(medusa("greedy")),
+    "medusa, chain, sampled": Entry(medusa("sample"), slow_stats=True),
+    "medusa, static tree, top-k": Entry(medusa(), None, MEDUSA_TREE, slow_greedy=True),
+    "medusa, dynamic tree, top-k": Entry(medusa(), None, DynamicTree(num_nodes=6, max_depth=3,
+                                                                      top_k=2)),
 }
 SAMPLINGS = {"t1": SamplingConfig(temperature=1.0),
              "t0.7-topk4": SamplingConfig(temperature=0.7, top_k=4),
@@ -80,12 +124,15 @@ def test_greedy_output_equals_generate(tiny_lm, close_draft, random_draft, name)
     eos = int(plain.tokens[0, 5])  # row 0 ends at step 6, the others elsewhere
     plain = specjax.generate(tiny_lm, PROMPTS, max_new_tokens=24, sampling=GREEDY, eos_id=eos)
     for draft in (close_draft, random_draft):
+        drafter = entry.make(draft, tiny_lm)
         spec = specjax.speculative_generate(
-            tiny_lm, entry.make(draft), PROMPTS, max_new_tokens=24,
+            tiny_lm, drafter, PROMPTS, max_new_tokens=24,
             num_draft_tokens=entry.num_draft_tokens, sampling=GREEDY, eos_id=eos,
             tree=entry.tree)
         np.testing.assert_array_equal(spec.tokens, plain.tokens)
         np.testing.assert_array_equal(spec.lengths, plain.lengths)
+        if getattr(drafter, "reads_target_features", False):
+            break  # feature drafters ignore the draft model: one run is enough
 
 
 # Tree entries compile a decoder per sampling setting: their chi-square runs are in the
@@ -100,7 +147,8 @@ STAT_CASES = [pytest.param(name, marks=pytest.mark.slow)
 def test_sampled_output_follows_the_target(micro_lm, micro_drafts, name, sampling):
     entry = ENTRIES[name]
     pvalue, out = speculative_joint_pvalue(
-        micro_lm, entry.make(micro_drafts["close"]), list(entry.stat_prompt), SAMPLINGS[sampling],
+        micro_lm, entry.make(micro_drafts["close"], micro_lm), list(entry.stat_prompt),
+        SAMPLINGS[sampling],
         num_draft_tokens=entry.num_draft_tokens, rows=STAT_ROWS, seed=200, tree=entry.tree)
     assert pvalue > 1e-3, (pvalue, out.stats.acceptance_rate)
     assert out.stats.acceptance_rate > 0.0  # drafts were accepted: the test saw speculation

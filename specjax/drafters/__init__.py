@@ -8,7 +8,11 @@ from specjax.drafters.base import (
     eagle3_feature_layers,
 )
 from specjax.drafters.draft_model import DraftModel, DraftModelState
+from specjax.drafters.eagle import Eagle, EagleState
+from specjax.drafters.feature_head import FeatureHeadConfig
+from specjax.drafters.medusa import Medusa, MedusaState
 from specjax.drafters.prompt_lookup import PromptLookup
 
-__all__ = ["Commit", "DraftContext", "DraftModel", "DraftModelState", "Drafter", "PromptLookup",
+__all__ = ["Commit", "DraftContext", "DraftModel", "DraftModelState", "Drafter", "Eagle",
+           "EagleState", "FeatureHeadConfig", "Medusa", "MedusaState", "PromptLookup",
            "Proposal", "eagle3_feature_layers"]

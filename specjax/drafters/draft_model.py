@@ -50,6 +50,39 @@ def fit_vocab(logits_BV: Array, vocab_size: int) -> Array:
     return logits_BV
 
 
+def draw_children(key: Array, logits_BV: Array, ranks: int, sampling: SamplingConfig, *,
+                  deterministic: bool):
+    """`ranks` children of one tree node from draft logits over the target's vocabulary:
+    `(tokens [B, R], q [B, R, V] or None, never_accept [B, R])`.
+
+    Deterministic (`deterministic`, or a greedy target): the draft's top `ranks` tokens,
+    q None. Sampled: drawn without replacement from the warped draft distribution, the
+    r-th from it without the first r (that is its q). When the distribution has fewer
+    than `ranks` tokens (top-k, top-p), the extra children get token 0 and are marked
+    never-accept: the target evaluates them, the walk skips them, so the verification
+    stays exact.
+    """
+    logits_BV = logits_BV.astype(jnp.float32)
+    batch, vocab_size = logits_BV.shape
+    if deterministic or sampling.greedy:
+        _, top_BR = jax.lax.top_k(logits_BV, ranks)
+        return top_BR.astype(jnp.int32), None, jnp.zeros((batch, ranks), bool)
+    q_BV = probabilities(logits_BV, sampling)
+    tokens, qs, never = [], [], []
+    for rank_key in jax.random.split(key, ranks):
+        mass_B = jnp.sum(q_BV, axis=-1)
+        empty_B = mass_B <= 0
+        q_r_BV = q_BV / jnp.where(empty_B, 1.0, mass_B)[:, None]
+        token_B = jnp.where(empty_B, 0, sample_from_probs(row_keys(rank_key, batch),
+                                                          jnp.where(empty_B[:, None],
+                                                                    1.0, q_r_BV)))
+        tokens.append(token_B)
+        qs.append(jnp.where(empty_B[:, None], 0.0, q_r_BV))
+        never.append(empty_B)
+        q_BV = jnp.where(jnp.arange(vocab_size)[None] == token_B[:, None], 0.0, q_BV)
+    return jnp.stack(tokens, axis=1), jnp.stack(qs, axis=1), jnp.stack(never, axis=1)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, eq=False)
 class DraftModel:
@@ -159,34 +192,9 @@ class DraftModel:
 
     def _children(self, key: Array, logits_BV: Array, ranks: int, sampling: SamplingConfig,
                   vocab_size: int):
-        """`ranks` children of one node: `(tokens [B, R], q [B, R, V] or None, never [B, R])`.
-
-        Deterministic (method "greedy" or a greedy target): the draft's top `ranks` tokens,
-        q None. Sampled: drawn without replacement from the warped draft distribution, the
-        r-th from it without the first r (that is its q). When the distribution has fewer
-        than `ranks` tokens (top-k, top-p), the extra children get token 0 and are marked
-        never-accept: the target evaluates them, the walk skips them, so the verification
-        stays exact.
-        """
-        logits_BV = fit_vocab(logits_BV.astype(jnp.float32), vocab_size)
-        batch = logits_BV.shape[0]
-        if self.method == "greedy" or sampling.greedy:
-            _, top_BR = jax.lax.top_k(logits_BV, ranks)
-            return top_BR.astype(jnp.int32), None, jnp.zeros((batch, ranks), bool)
-        q_BV = probabilities(logits_BV, sampling)
-        tokens, qs, never = [], [], []
-        for rank_key in jax.random.split(key, ranks):
-            mass_B = jnp.sum(q_BV, axis=-1)
-            empty_B = mass_B <= 0
-            q_r_BV = q_BV / jnp.where(empty_B, 1.0, mass_B)[:, None]
-            token_B = jnp.where(empty_B, 0, sample_from_probs(row_keys(rank_key, batch),
-                                                              jnp.where(empty_B[:, None],
-                                                                        1.0, q_r_BV)))
-            tokens.append(token_B)
-            qs.append(jnp.where(empty_B[:, None], 0.0, q_r_BV))
-            never.append(empty_B)
-            q_BV = jnp.where(jnp.arange(vocab_size)[None] == token_B[:, None], 0.0, q_BV)
-        return (jnp.stack(tokens, axis=1), jnp.stack(qs, axis=1), jnp.stack(never, axis=1))
+        """`ranks` children of one node (see `draw_children`)."""
+        return draw_children(key, fit_vocab(logits_BV.astype(jnp.float32), vocab_size), ranks,
+                             sampling, deterministic=self.method == "greedy")
 
     def _catch_up(self, state: DraftModelState, context: DraftContext,
                   depth: int) -> tuple[Any, Array]:
@@ -268,7 +276,7 @@ class DraftModel:
             (batch, num_nodes, vocab_size), jnp.float32)
         never_BN = jnp.zeros((batch, num_nodes), bool)
 
-        def draw_children(parent, logits_BV, tokens_BN, q_BNV, never_BN):
+        def add_children(parent, logits_BV, tokens_BN, q_BNV, never_BN):
             nodes = children_of.get(parent, [])
             if not nodes:
                 return tokens_BN, q_BNV, never_BN
@@ -281,7 +289,7 @@ class DraftModel:
                 q_BNV = q_BNV.at[:, index].set(qs)
             return tokens_BN, q_BNV, never_BN
 
-        tokens_BN, q_BNV, never_BN = draw_children(-1, root_logits_BV, tokens_BN, q_BNV,
+        tokens_BN, q_BNV, never_BN = add_children(-1, root_logits_BV, tokens_BN, q_BNV,
                                                    never_BN)
         depths = tree.depths
         node_mask_NN = ancestor_mask(tree.parents_array(1))[0, 1:, 1:]
@@ -294,7 +302,7 @@ class DraftModel:
                                                  mask_BTT)
             for node in range(width):
                 if depths[node] == level:
-                    tokens_BN, q_BNV, never_BN = draw_children(
+                    tokens_BN, q_BNV, never_BN = add_children(
                         node, logits_BTV[:, node], tokens_BN, q_BNV, never_BN)
         return (DraftModelState(cache, lengths_B),
                 Proposal(tokens=tokens_BN, q=q_BNV, never_accept=never_BN))

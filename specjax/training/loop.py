@@ -43,10 +43,13 @@ class TrainResult:
 
 def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig,
          checkpoint_dir: Path | None, heldout: list[np.ndarray], label: str,
-         progress: bool, max_seconds: float | None = None, aux=None) -> TrainResult:
+         progress: bool, max_seconds: float | None = None, aux=None,
+         metrics_of: Callable | None = None) -> TrainResult:
     """The loop shared by training and distillation. `loss_of(model, tokens, aux)`; `aux`
     (e.g. the distillation target) is passed to the compiled step as an argument, so its
-    arrays are not baked into the program as constants."""
+    arrays are not baked into the program as constants. `metrics_of(model, tokens, aux)
+    -> {name: scalar}`: extra held-out figures recorded at each evaluation. `lm` is any
+    model with `params` and `with_params` (a CausalLM, or a drafter's heads)."""
     optimizer = config.optimizer()
     # A copy: the step donates its buffers, and the caller's model must stay usable.
     params = jax.tree.map(jnp.copy, lm.params)
@@ -72,10 +75,19 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
 
     eval_fn = jax.jit(lambda params, tokens, aux: loss_of(lm.with_params(params), tokens, aux))
 
+    metrics_fn = None if metrics_of is None else jax.jit(
+        lambda params, tokens, aux: metrics_of(lm.with_params(params), tokens, aux))
+
     def evaluate(params) -> float | None:
         if not heldout:
             return None
         return float(np.mean([float(eval_fn(params, jnp.asarray(b), aux)) for b in heldout]))
+
+    def evaluate_metrics(params) -> dict:
+        if metrics_fn is None or not heldout:
+            return {}
+        values = [metrics_fn(params, jnp.asarray(b), aux) for b in heldout]
+        return {name: float(np.mean([float(v[name]) for v in values])) for name in values[0]}
 
     def record(entry):
         history.append(entry)
@@ -89,7 +101,7 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
         bar.note("compiling the training step (the first step includes it)...")
     # Units: the loss is in nats per token; held-out figures are bits per token (bits
     # per byte for the byte-level models).
-    loss_unit = "loss (nats/token)" if label == "train" else "divergence"
+    loss_unit = {"train": "loss (nats/token)", "distill": "divergence"}.get(label, "loss")
     for step in range(start, config.steps):
         # `batches(step, params)`: on-policy distillation samples with the current params.
         params, opt_state, loss, grad_norm = step_fn(params, opt_state,
@@ -103,12 +115,15 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
                 heldout_loss = evaluate(params)
                 if heldout_loss is not None:
                     entry["heldout_loss"] = heldout_loss
+                entry.update(evaluate_metrics(params))
             record(entry)
             shown = {loss_unit: entry["loss"]}
             if "heldout_loss" in entry:
                 held = entry["heldout_loss"]
-                shown["held-out " + ("bits/token" if label == "train" else "divergence")] = (
-                    held / math.log(2) if label == "train" else held)
+                held_name = {"train": "bits/token", "distill": "divergence"}.get(label, "loss")
+                shown["held-out " + held_name] = (held / math.log(2) if label == "train"
+                                                  else held)
+            shown.update({k: v for k, v in entry.items() if k.startswith("acceptance@")})
             bar.update(done, **shown)
         out_of_time = max_seconds is not None and time.perf_counter() - started > max_seconds
         if manager is not None and (done % config.checkpoint_every == 0 or done == config.steps

@@ -1,0 +1,57 @@
+"""Feature drafters (Medusa, EAGLE-1, EAGLE-3, MTP heads) built on a Transformer target.
+
+A head shares its target's token embedding and LM head (`embedding_and_head`) and, for
+EAGLE/MTP, the target's block shape (width, heads, MLP size): what the papers do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+
+import specjax
+from specjax.drafters import Eagle, FeatureHeadConfig, Medusa, eagle3_feature_layers
+from specjax.drafters.eagle import load_head
+from specjax_models.transformer import TransformerConfig, embedding_and_head
+
+# `specjax train-drafter --method` -> the head's kind.
+HEAD_KINDS = {"eagle": "eagle1", "eagle3": "eagle3", "mtp": "mtp"}
+METHODS = ("medusa", "eagle", "eagle3", "mtp")
+
+
+def feature_head_config(method: str, target_config: TransformerConfig) -> FeatureHeadConfig:
+    """The head of `method` ("eagle", "eagle3" or "mtp") for a target of this shape: one
+    block of the target's width, heads and MLP size; eagle3 reads layers 2, L // 2, L - 3."""
+    if method not in HEAD_KINDS:
+        raise ValueError(f"method must be one of {tuple(HEAD_KINDS)} for a feature head "
+                         f"(Medusa has no block), got {method!r}")
+    kind = HEAD_KINDS[method]
+    layers = eagle3_feature_layers(target_config.num_layers) if kind == "eagle3" else ()
+    return FeatureHeadConfig(kind=kind, d_model=target_config.d_model,
+                             num_heads=target_config.num_heads,
+                             num_kv_heads=target_config.num_kv_heads,
+                             d_ff=target_config.d_ff, feature_layers=layers,
+                             head_dim=target_config.head_dim,
+                             rope_theta=target_config.rope_theta,
+                             rms_norm_eps=target_config.rms_norm_eps)
+
+
+def create_head(method: str, target: specjax.CausalLM, target_config: TransformerConfig, *,
+                seed: int = 0, medusa_heads: int = 4, draft_method: str | None = None):
+    """An untrained drafter of `method` (see METHODS) on `target`."""
+    embedding, lm_head = embedding_and_head(target)
+    if method == "medusa":
+        return Medusa.create(medusa_heads, lm_head, draft_method or "greedy")
+    return Eagle.create(feature_head_config(method, target_config), embedding, lm_head,
+                        jax.random.key(seed), draft_method or "sample")
+
+
+def load_head_for(directory: str | Path, target: specjax.CausalLM,
+                  draft_method: str | None = None):
+    """The trained head in `directory` (written by `specjax train-drafter`) on `target`."""
+    kind, _, _ = load_head(directory)
+    embedding, lm_head = embedding_and_head(target)
+    if kind == "medusa":
+        return Medusa.load(directory, lm_head, draft_method or "greedy")
+    return Eagle.load(directory, embedding, lm_head, draft_method or "sample")

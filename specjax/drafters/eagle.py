@@ -1,0 +1,355 @@
+"""EAGLE-1, EAGLE-3 and MTP heads: a one-layer decoder over the target's own features with
+its own KV cache (`specjax.drafters.feature_head` has the maths).
+
+Cache bookkeeping. The head's cache slot t holds the pair (feature of position t - 1,
+token t) (the feature before position 0 is zero). After every commit the cache holds the
+pairs of every committed token, and `root_hidden` is the head's output at the last one
+(its logits predict the next token). The commit learns the target's features of the
+verified positions (`Commit.target_hidden`): the last committed token's, then those of
+the accepted nodes, which are exactly the features the new pairs need, so one head forward
+over the accepted tokens (width = the path's depth + 1) brings the cache up to date; that
+is the first of the step's draft forwards. Drafted pairs are written past the committed
+length (scratch, overwritten by the next commit), so a rejected draft never leaves stale
+entries behind: the peers' most common bug (a draft cache still holding drafted pairs
+after verification) cannot happen, and `tests/test_eagle.py` checks the cache against one
+built from scratch.
+
+Proposals: chains (drafts sampled from the head's warped distribution with that q, or its
+argmax with a one-hot q), static trees (children sampled without replacement, or top-k),
+and EAGLE-2 dynamic trees (top-k, grown by `specjax.dynamic_trees`). All are exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from specjax.causal_lm import CausalLM
+from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.drafters.draft_model import DRAFT_METHODS, draw_children
+from specjax.drafters.feature_head import (
+    FeatureHeadConfig,
+    fuse_features,
+    head_block,
+    head_inputs,
+    head_logits,
+    init_head_cache,
+    init_head_params,
+)
+from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
+from specjax.trees import DynamicTree, TreeShape, ancestor_mask
+
+# Slots past the target's capacity in the head's cache: a dynamic tree re-feeds every
+# expanded node (top_k * (max_depth - 1)), which may exceed the step's N + 1 scratch slots.
+HEAD_SCRATCH_SLOTS = 64
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class EagleState:
+    """keys / values: the head's cache [B, S, H_kv, hd]; cache_lengths int32 [B]: pairs
+    committed in it (the committed length); root_hidden float32 [B, D]: the head's output
+    at the last committed token."""
+
+    keys: Array
+    values: Array
+    cache_lengths: Array
+    root_hidden: Array
+
+
+def accepted_feature_index(commit: Commit) -> Array:
+    """int32 [B, D + 1]: for the i-th token committed by this step, the verified position
+    whose target feature precedes it (0 = the previous last token, then the path's nodes,
+    node j at position j + 1)."""
+    path_BD = commit.path
+    batch = path_BD.shape[0]
+    return jnp.concatenate([jnp.zeros((batch, 1), jnp.int32),
+                            jnp.maximum(path_BD, 0).astype(jnp.int32) + 1], axis=1)
+
+
+def _weights_dict(params: dict) -> dict:
+    return {name: np.asarray(value) for name, value in params.items()}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
+class Eagle:
+    """A feature head drafter: EAGLE-1 (`kind="eagle1"`), EAGLE-3 (`"eagle3"`, fusing three
+    target layers) or an MTP module reused recursively (`"mtp"`).
+
+    params: the head's trainable parameters (`feature_head.init_head_params`).
+    embedding / lm_head: the target's token embedding and LM head, both [V, D] (frozen;
+      `specjax_models.embedding_and_head(target)` returns them).
+    config: the head's static shape. method: "sample" (draft from the head's warped
+      distribution, q = that distribution) or "greedy" (argmax, one-hot q); trees use
+      sampled or top-k children likewise, dynamic trees always top-k.
+    """
+
+    params: dict
+    embedding: Array
+    lm_head: Array
+    config: FeatureHeadConfig = dataclasses.field(metadata={"static": True})
+    method: str = dataclasses.field(default="sample", metadata={"static": True})
+
+    reads_target_features: ClassVar[bool] = True
+    drafts_trees: ClassVar[bool] = True
+    drafts_dynamic_trees: ClassVar[bool] = True
+
+    def __post_init__(self):
+        if not isinstance(self.config, FeatureHeadConfig):
+            raise TypeError(f"config must be a FeatureHeadConfig, got {type(self.config)}")
+        if self.method not in DRAFT_METHODS:
+            raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
+        for name in ("embedding", "lm_head"):
+            shape = getattr(getattr(self, name), "shape", None)
+            if shape is not None and (len(shape) != 2 or shape[1] != self.config.d_model):
+                raise ValueError(f"{name} must be [vocab, d_model={self.config.d_model}], got "
+                                 f"{tuple(shape)}")
+
+    @classmethod
+    def create(cls, config: FeatureHeadConfig, embedding: Array, lm_head: Array, key: Array,
+               method: str = "sample") -> Eagle:
+        """A randomly initialised head (train it with `specjax.training.train_head`)."""
+        return cls(init_head_params(config, key), jnp.asarray(embedding),
+                   jnp.asarray(lm_head), config, method)
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.config.feature_layers
+
+    def with_params(self, params: dict) -> Eagle:
+        return dataclasses.replace(self, params=params)
+
+    def with_method(self, method: str) -> Eagle:
+        return dataclasses.replace(self, method=method)
+
+    # -- saving ------------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> None:
+        """Write `head.json` (kind, config) and `head.npz` (float32 parameters); the target's
+        embedding and LM head are not saved (the head is loaded onto its target)."""
+        save_head(directory, "eagle", self.config.to_dict(), self.params)
+
+    @classmethod
+    def load(cls, directory: str | Path, embedding: Array, lm_head: Array,
+             method: str = "sample") -> Eagle:
+        kind, config, params = load_head(directory)
+        if kind != "eagle":
+            raise ValueError(f"{directory} holds a {kind} head, not an EAGLE/MTP head; load "
+                             f"it with specjax.drafters.{kind.capitalize()}.load")
+        return cls(params, jnp.asarray(embedding), jnp.asarray(lm_head),
+                   FeatureHeadConfig.from_dict(config), method)
+
+    # -- host-side checks --------------------------------------------------------------------
+    def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
+        for name in ("embedding", "lm_head"):
+            rows = getattr(self, name).shape[0]
+            if rows != target.vocab_size:
+                raise ValueError(f"the head's {name} has {rows} rows but the target's "
+                                 f"vocab_size is {target.vocab_size}: a feature head runs on "
+                                 "the target it was built for (take embedding and lm_head "
+                                 "from that target)")
+
+    def forwards_per_step(self, num_draft_tokens: int,
+                          tree: TreeShape | DynamicTree | None = None) -> int:
+        # The commit's forward over the accepted tokens gives the first level.
+        return num_draft_tokens if tree is None else tree.max_depth
+
+    # -- traced ------------------------------------------------------------------------------
+    def _features(self, hidden: Array) -> Array:
+        return fuse_features(self.params, self.config, hidden)
+
+    def _block(self, tokens_BT, features_BTD, positions_BT, keys, values, cache_lengths_B,
+               new_mask_BTT=None):
+        x_BTD = head_inputs(self.params, self.config, self.embedding, tokens_BT, features_BTD)
+        out_BTD, (keys, values) = head_block(self.params, self.config, x_BTD, positions_BT,
+                                             (keys, values), cache_lengths_B, new_mask_BTT)
+        return out_BTD, keys, values
+
+    def _logits(self, out: Array) -> Array:
+        return head_logits(self.params, self.config, self.lm_head, out)
+
+    def init(self, prompt_tokens_BP: Array, prompt_lengths_B: Array, capacity: int, *,
+             features: Array) -> EagleState:
+        batch, width = prompt_tokens_BP.shape
+        fused_BPD = self._features(features)
+        previous_BPD = jnp.concatenate([jnp.zeros_like(fused_BPD[:, :1]), fused_BPD[:, :-1]],
+                                       axis=1)
+        keys, values = init_head_cache(self.config, batch, capacity + HEAD_SCRATCH_SLOTS)
+        positions_BP = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+        out_BPD, keys, values = self._block(prompt_tokens_BP, previous_BPD, positions_BP, keys,
+                                            values, jnp.zeros((batch,), jnp.int32))
+        root_BD = jnp.take_along_axis(out_BPD, (prompt_lengths_B - 1)[:, None, None],
+                                      axis=1)[:, 0]
+        return EagleState(keys, values, prompt_lengths_B.astype(jnp.int32), root_BD)
+
+    def commit(self, state: EagleState, commit: Commit) -> EagleState:
+        """One head forward over this step's committed tokens (pairs at positions
+        old_length ...), each with the target feature that precedes it."""
+        old_B, new_B = commit.old_lengths, commit.new_lengths
+        feature_index_BW = accepted_feature_index(commit)
+        batch, width = feature_index_BW.shape
+        fused_BND = self._features(commit.target_hidden)
+        features_BWD = jnp.take_along_axis(fused_BND, feature_index_BW[:, :, None], axis=1)
+        positions_BW = old_B[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+        tokens_BW = jnp.take_along_axis(
+            commit.sequence, jnp.minimum(positions_BW, commit.sequence.shape[1] - 1), axis=1)
+        out_BWD, keys, values = self._block(tokens_BW, features_BWD, positions_BW, state.keys,
+                                            state.values, old_B)
+        count_B = new_B - old_B
+        last_BD = jnp.take_along_axis(out_BWD, jnp.maximum(count_B - 1, 0)[:, None, None],
+                                      axis=1)[:, 0]
+        root_BD = jnp.where((count_B > 0)[:, None], last_BD, state.root_hidden)
+        return EagleState(keys, values, new_B.astype(jnp.int32), root_BD)
+
+    def _draw(self, key, logits_BV, sampling):
+        if self.method == "greedy" or sampling.greedy:
+            token_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+            return token_B, jax.nn.one_hot(token_B, logits_BV.shape[-1], dtype=jnp.float32)
+        q_BV = probabilities(logits_BV, sampling)
+        return sample_from_probs(row_keys(key, q_BV.shape[0]), q_BV), q_BV
+
+    def _log_probs(self, logits_BV, sampling):
+        if sampling.greedy:
+            return jax.nn.log_softmax(logits_BV, axis=-1)
+        return jnp.log(probabilities(logits_BV, sampling))
+
+    def propose(self, state: EagleState, context: DraftContext, key: Array, *,
+                num_draft_tokens: int, sampling: SamplingConfig, vocab_size: int,
+                tree: TreeShape | DynamicTree | None = None) -> tuple[EagleState, Proposal]:
+        if isinstance(tree, DynamicTree):
+            return self._propose_dynamic_tree(state, tree, sampling)
+        if tree is not None:
+            return self._propose_tree(state, key, tree, sampling, vocab_size)
+        step_keys = jax.random.split(key, num_draft_tokens)
+        token_B, q_BV = self._draw(step_keys[0], self._logits(state.root_hidden), sampling)
+
+        def draft_one(carry, step_key):
+            keys, values, token_B, feature_BD, position_B = carry
+            out_B1D, keys, values = self._block(token_B[:, None], feature_BD[:, None],
+                                                position_B[:, None], keys, values, position_B)
+            next_B, q_BV = self._draw(step_key, self._logits(out_B1D[:, 0]), sampling)
+            return (keys, values, next_B, out_B1D[:, 0], position_B + 1), (next_B, q_BV)
+
+        lengths_B = state.cache_lengths
+        (keys, values, _, _, _), (rest_KB, rest_q_KBV) = jax.lax.scan(
+            draft_one, (state.keys, state.values, token_B, state.root_hidden, lengths_B),
+            step_keys[1:])
+        tokens_BK = jnp.concatenate([token_B[:, None], rest_KB.T], axis=1)
+        q_BKV = jnp.concatenate([q_BV[:, None], jnp.transpose(rest_q_KBV, (1, 0, 2))], axis=1)
+        return (dataclasses.replace(state, keys=keys, values=values),
+                Proposal(tokens=tokens_BK, q=q_BKV))
+
+    def _propose_tree(self, state: EagleState, key: Array, tree: TreeShape,
+                      sampling: SamplingConfig, vocab_size: int):
+        """Level by level: the root's children from the head's output at the last committed
+        token; each later forward feeds the nodes up to depth d (each with its parent's
+        output as its feature, attending to its ancestors) and gives the children of the
+        depth-d nodes."""
+        lengths_B, root_BD = state.cache_lengths, state.root_hidden
+        batch, num_nodes = lengths_B.shape[0], tree.num_nodes
+        children_of: dict[int, list[int]] = {}
+        for node, parent in enumerate(tree.parents):
+            children_of.setdefault(parent, []).append(node)
+        node_keys = jax.random.split(key, num_nodes + 1)
+        deterministic = self.method == "greedy" or sampling.greedy
+        tokens_BN = jnp.zeros((batch, num_nodes), jnp.int32)
+        q_BNV = None if deterministic else jnp.zeros((batch, num_nodes, vocab_size), jnp.float32)
+        never_BN = jnp.zeros((batch, num_nodes), bool)
+
+        def add_children(parent, logits_BV, tokens_BN, q_BNV, never_BN):
+            nodes = children_of.get(parent, [])
+            if not nodes:
+                return tokens_BN, q_BNV, never_BN
+            index = jnp.asarray(nodes)
+            toks, qs, never = draw_children(node_keys[parent + 1], logits_BV, len(nodes),
+                                            sampling, deterministic=deterministic)
+            tokens_BN = tokens_BN.at[:, index].set(toks)
+            never_BN = never_BN.at[:, index].set(never)
+            if q_BNV is not None:
+                q_BNV = q_BNV.at[:, index].set(qs)
+            return tokens_BN, q_BNV, never_BN
+
+        tokens_BN, q_BNV, never_BN = add_children(-1, self._logits(root_BD), tokens_BN, q_BNV,
+                                                  never_BN)
+        depths = tree.depths
+        parents_N = np.asarray(tree.parents)
+        node_mask_NN = ancestor_mask(tree.parents_array(1))[0, 1:, 1:]
+        positions_BN = (lengths_B - 1)[:, None] + jnp.asarray(depths, jnp.int32)[None]
+        outputs_BND = jnp.zeros((batch, num_nodes) + root_BD.shape[1:], jnp.float32)
+        keys, values = state.keys, state.values
+        for level in range(1, tree.max_depth):  # static
+            width = 1 + max(i for i, d in enumerate(depths) if d <= level)
+            features_BWD = jnp.concatenate([root_BD[:, None], outputs_BND], axis=1)[
+                :, parents_N[:width] + 1]
+            mask_BTT = jnp.broadcast_to(node_mask_NN[:width, :width], (batch, width, width))
+            out_BWD, keys, values = self._block(tokens_BN[:, :width], features_BWD,
+                                                positions_BN[:, :width], keys, values,
+                                                lengths_B, mask_BTT)
+            outputs_BND = outputs_BND.at[:, :width].set(out_BWD)
+            for node in range(width):
+                if depths[node] == level:
+                    tokens_BN, q_BNV, never_BN = add_children(
+                        node, self._logits(out_BWD[:, node]), tokens_BN, q_BNV, never_BN)
+        return (dataclasses.replace(state, keys=keys, values=values),
+                Proposal(tokens=tokens_BN, q=q_BNV, never_accept=never_BN))
+
+    def _propose_dynamic_tree(self, state: EagleState, tree: DynamicTree,
+                              sampling: SamplingConfig):
+        """EAGLE-2: grow each row's tree from the head's top-k (see
+        `specjax.dynamic_trees`); each expansion re-feeds the expanded nodes, each with its
+        parent's output as its feature."""
+        fed = tree.top_k * (tree.max_depth - 1)
+        if fed > tree.num_nodes + 1 + HEAD_SCRATCH_SLOTS:
+            raise ValueError(f"a DynamicTree with top_k={tree.top_k} and max_depth="
+                             f"{tree.max_depth} feeds {fed} nodes to the head, more than its "
+                             f"cache's scratch room ({tree.num_nodes + 1 + HEAD_SCRATCH_SLOTS}"
+                             "); lower top_k or max_depth, or raise num_nodes")
+        lengths_B, root_BD = state.cache_lengths, state.root_hidden
+
+        def expand(carry, nodes: ExpandedNodes):
+            keys, values, outputs_BFD = carry
+            known_BFD = jnp.concatenate([root_BD[:, None], outputs_BFD], axis=1)
+            features_BFD = jnp.take_along_axis(known_BFD, (nodes.parents + 1)[:, :, None],
+                                               axis=1)
+            mask_BFF = ancestor_mask(nodes.parents)[:, 1:, 1:]
+            positions_BF = (lengths_B - 1)[:, None] + nodes.depths
+            out_BFD, keys, values = self._block(nodes.tokens, features_BFD, positions_BF, keys,
+                                                values, lengths_B, mask_BFF)
+            frontier_BkV = self._logits(out_BFD[:, -tree.top_k:])
+            return (keys, values, out_BFD), self._log_probs(frontier_BkV, sampling)
+
+        empty_B0D = jnp.zeros((root_BD.shape[0], 0, root_BD.shape[1]), jnp.float32)
+        (keys, values, _), tokens_BN, parents_BN = grow_dynamic_tree(
+            tree, self._log_probs(self._logits(root_BD), sampling), expand,
+            (state.keys, state.values, empty_B0D))
+        return (dataclasses.replace(state, keys=keys, values=values),
+                Proposal(tokens=tokens_BN, q=None, parents=parents_BN))
+
+
+def save_head(directory: str | Path, kind: str, config: dict, params: dict) -> None:
+    """`head.json` ({"kind", "config"}) and `head.npz` (the parameters) in `directory`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "head.json").write_text(json.dumps({"kind": kind, "config": config},
+                                                    indent=1) + "\n")
+    np.savez(directory / "head.npz", **_weights_dict(params))
+
+
+def load_head(directory: str | Path) -> tuple[str, dict, dict]:
+    """`(kind, config dict, params)` saved by `save_head`."""
+    directory = Path(directory)
+    if not (directory / "head.json").exists():
+        raise FileNotFoundError(f"no trained head at {directory} (expected head.json and "
+                                "head.npz, as `specjax train-drafter` writes)")
+    meta = json.loads((directory / "head.json").read_text())
+    with np.load(directory / "head.npz") as data:
+        params = {name: jnp.asarray(data[name]) for name in data.files}
+    return meta["kind"], meta["config"], params

@@ -1,0 +1,254 @@
+"""The one-layer decoder that EAGLE-1, EAGLE-3 and MTP heads run over the target's features.
+
+Pure functions over a dict of parameters (specjax imports no model code). A head reads,
+at token position t, the pair (feature of position t - 1, token t) and outputs a hidden
+state for position t whose logits (through the target's own LM head) predict token t + 1:
+
+- "eagle1" (Li et al. 2024a): input `fc([embedding(token); feature])`; the feature is
+  the target's final hidden state, and training regresses the output onto the target's
+  feature at t (so drafting can feed the output back as the next feature).
+- "eagle3" (Li et al. 2025): the feature is `fuse([low; middle; high])`, the residual
+  streams entering three target layers (`eagle3_feature_layers`); the input combines
+  embedding and feature as EAGLE-1 does; trained with training-time test (the head
+  unrolled on its own outputs), no feature regression.
+- "mtp" (DeepSeek-V3's multi-token prediction module): input
+  `proj([norm(embedding(token)); norm(feature)])`, one module reused recursively.
+
+The layer itself is a pre-norm Llama block (RMSNorm, RoPE, grouped-query attention,
+SwiGLU) with its own KV cache `[B, S, H_kv, head_dim]`; logits are
+`final_norm(out) @ lm_head.T` with the target's frozen embedding and LM head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+from jaxtyping import Float, Int
+
+HEAD_KINDS = ("eagle1", "eagle3", "mtp")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FeatureHeadConfig:
+    """Static shape of a feature head (frozen, hashable).
+
+    kind: "eagle1", "eagle3" or "mtp" (see the module docstring). d_model: the target's
+    width (features and embeddings). feature_layers: the target layers whose incoming
+    residual streams an "eagle3" head fuses (empty for the others, which read the final
+    hidden state). num_heads / num_kv_heads / head_dim / d_ff: the head's block.
+    """
+
+    kind: str
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    d_ff: int
+    feature_layers: tuple[int, ...] = ()
+    head_dim: int | None = None
+    rope_theta: float = 10_000.0
+    rms_norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        if self.kind not in HEAD_KINDS:
+            raise ValueError(f"kind must be one of {HEAD_KINDS}, got {self.kind!r}")
+        object.__setattr__(self, "feature_layers", tuple(int(x) for x in self.feature_layers))
+        if self.kind == "eagle3" and not self.feature_layers:
+            raise ValueError("an eagle3 head fuses target layers: pass feature_layers (e.g. "
+                             "specjax.drafters.eagle3_feature_layers(num_target_layers))")
+        if self.kind != "eagle3" and self.feature_layers:
+            raise ValueError(f"a {self.kind} head reads the target's final hidden state only; "
+                             "feature_layers is for kind='eagle3'")
+        for name in ("d_model", "num_heads", "num_kv_heads", "d_ff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by num_heads="
+                             f"{self.num_heads}; pass head_dim")
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.d_model // self.num_heads
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> FeatureHeadConfig:
+        fields = dict(fields)
+        fields["feature_layers"] = tuple(fields.get("feature_layers", ()))
+        return cls(**fields)
+
+
+def init_head_params(config: FeatureHeadConfig, key: Array) -> dict:
+    """Random float32 parameters (normal, std 0.02; norms at 1; biases at 0)."""
+    d, hd = config.d_model, config.resolved_head_dim
+    shapes = {"wq": (d, config.num_heads * hd), "wk": (d, config.num_kv_heads * hd),
+              "wv": (d, config.num_kv_heads * hd), "wo": (config.num_heads * hd, d),
+              "w_gate": (d, config.d_ff), "w_up": (d, config.d_ff), "w_down": (config.d_ff, d)}
+    if config.kind == "mtp":
+        shapes["proj"] = (2 * d, d)
+    else:
+        shapes["fc"] = (2 * d, d)
+    if config.kind == "eagle3":
+        shapes["fuse"] = (len(config.feature_layers) * d, d)
+    keys = jax.random.split(key, len(shapes))
+    params = {name: 0.02 * jax.random.normal(k, shape, jnp.float32)
+              for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=True)}
+    for norm in ("attn_norm", "mlp_norm", "final_norm"):
+        params[norm] = jnp.ones((d,), jnp.float32)
+    if config.kind == "mtp":
+        params["embed_norm"] = jnp.ones((d,), jnp.float32)
+        params["feature_norm"] = jnp.ones((d,), jnp.float32)
+    else:
+        params["fc_bias"] = jnp.zeros((d,), jnp.float32)
+    return params
+
+
+def rms_norm(x: Array, weight: Array, eps: float) -> Array:
+    x32 = x.astype(jnp.float32)
+    scale = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return x32 * scale * _lead(weight, x32.ndim)
+
+
+def _lead(vector: Array, ndim: int) -> Array:
+    """`vector` [D] with leading unit axes up to `ndim` (explicit broadcasting)."""
+    return vector.reshape((1,) * (ndim - vector.ndim) + vector.shape)
+
+
+def _rope(x_BTNH: Array, positions_BT: Array, theta: float) -> Array:
+    half = x_BTNH.shape[-1] // 2
+    inv_freq_F = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))
+    angles_BTF = positions_BT.astype(jnp.float32)[..., None] * inv_freq_F[None, None]
+    cos, sin = jnp.cos(angles_BTF)[:, :, None], jnp.sin(angles_BTF)[:, :, None]
+    x1, x2 = x_BTNH[..., :half], x_BTNH[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def fuse_features(params: dict, config: FeatureHeadConfig, hidden: Array) -> Array:
+    """The feature a head reads from the target's output `hidden` ([..., D], or
+    [..., F + 1, D] when it asked for feature layers): the final hidden state, or for
+    eagle3 the fused [low; middle; high] streams. Returns float32 [..., D]."""
+    if config.kind != "eagle3":
+        if hidden.shape[-1] != config.d_model:
+            raise ValueError(f"the target's features have width {hidden.shape[-1]} but the "
+                             f"head was built for d_model={config.d_model}")
+        return hidden.astype(jnp.float32)
+    layers = len(config.feature_layers)
+    if hidden.shape[-2:] != (layers + 1, config.d_model):
+        raise ValueError(f"an eagle3 head over {layers} target layers of width "
+                         f"{config.d_model} needs features [..., {layers + 1}, "
+                         f"{config.d_model}], got {tuple(hidden.shape)}")
+    stacked = hidden[..., :layers, :].astype(jnp.float32)
+    flat = stacked.reshape(stacked.shape[:-2] + (layers * config.d_model,))
+    return flat @ params["fuse"]
+
+
+def head_inputs(params: dict, config: FeatureHeadConfig, embedding_VD: Array,
+                tokens_BT: Int[Array, "B T"], features_BTD: Float[Array, "B T D"]) -> Array:
+    """The block's input at each position: the token's embedding combined with the feature
+    of the previous position (float32 [B, T, D])."""
+    token_ids = jnp.clip(tokens_BT, 0, embedding_VD.shape[0] - 1)
+    embedded_BTD = embedding_VD[token_ids].astype(jnp.float32)
+    features_BTD = features_BTD.astype(jnp.float32)
+    if config.kind == "mtp":
+        joined = jnp.concatenate([rms_norm(embedded_BTD, params["embed_norm"],
+                                           config.rms_norm_eps),
+                                  rms_norm(features_BTD, params["feature_norm"],
+                                           config.rms_norm_eps)], axis=-1)
+        return joined @ params["proj"]
+    joined = jnp.concatenate([embedded_BTD, features_BTD], axis=-1)
+    return joined @ params["fc"] + _lead(params["fc_bias"], joined.ndim)
+
+
+def project_qkv(params: dict, config: FeatureHeadConfig, x_BTD: Array, positions_BT: Array):
+    """Queries [B, T, H, hd], keys and values [B, T, H_kv, hd] of the block's attention
+    (RoPE applied at the given positions)."""
+    batch, length, _ = x_BTD.shape
+    hd = config.resolved_head_dim
+    normed = rms_norm(x_BTD, params["attn_norm"], config.rms_norm_eps)
+    q = (normed @ params["wq"]).reshape(batch, length, config.num_heads, hd)
+    k = (normed @ params["wk"]).reshape(batch, length, config.num_kv_heads, hd)
+    v = (normed @ params["wv"]).reshape(batch, length, config.num_kv_heads, hd)
+    return (_rope(q, positions_BT, config.rope_theta), _rope(k, positions_BT, config.rope_theta),
+            v)
+
+
+def attention_weights(config: FeatureHeadConfig, q_BTNH: Array, keys_BSKH: Array,
+                      visible_BTS: Array, extra_scores=None):
+    """Softmax attention weights [B, K, G, T, S (+ E)] of GQA queries over keys, masked by
+    `visible`; `extra_scores` [B, K, G, T, E] are appended columns (training-time test)."""
+    batch, length, heads, hd = q_BTNH.shape
+    groups = heads // config.num_kv_heads
+    q_BTKGH = q_BTNH.reshape(batch, length, config.num_kv_heads, groups, hd)
+    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, keys_BSKH) / math.sqrt(hd)
+    scores = jnp.where(visible_BTS[:, None, None], scores, -jnp.inf)
+    if extra_scores is not None:
+        scores = jnp.concatenate([scores, extra_scores], axis=-1)
+    return jax.nn.softmax(scores, axis=-1), q_BTKGH
+
+
+def finish_block(params: dict, config: FeatureHeadConfig, x_BTD: Array,
+                 attended_BTNH: Array) -> Array:
+    """Output projection, residual, then the SwiGLU MLP with its residual."""
+    batch, length = x_BTD.shape[:2]
+    x_BTD = x_BTD + attended_BTNH.reshape(batch, length, -1) @ params["wo"]
+    normed = rms_norm(x_BTD, params["mlp_norm"], config.rms_norm_eps)
+    return x_BTD + (jax.nn.silu(normed @ params["w_gate"]) * (normed @ params["w_up"])) \
+        @ params["w_down"]
+
+
+def _write_rows(cache_BSKH: Array, new_BTKH: Array, starts_B: Array) -> Array:
+    write = lambda row, new, start: jax.lax.dynamic_update_slice(row, new, (start, 0, 0))
+    return jax.vmap(write)(cache_BSKH, new_BTKH.astype(cache_BSKH.dtype), starts_B)
+
+
+def head_block(params: dict, config: FeatureHeadConfig, x_BTD: Array, positions_BT: Array,
+               cache: tuple[Array, Array] | None, cache_lengths_B: Array | None = None,
+               new_mask_BTT: Array | None = None):
+    """The block over T new positions: `(out [B, T, D], cache)`.
+
+    With a cache `(keys, values)` each [B, S, H_kv, hd], the new keys/values are written at
+    slots `cache_lengths[b] + t` and each new position attends to slots below
+    `cache_lengths[b]` plus the new positions `new_mask` allows (causal when None). With
+    `cache=None` it is a causal forward over the T positions alone."""
+    q, k, v = project_qkv(params, config, x_BTD, positions_BT)
+    batch, length = x_BTD.shape[:2]
+    causal_TT = jnp.tril(jnp.ones((length, length), bool))
+    new_mask_BTT = (jnp.broadcast_to(causal_TT, (batch, length, length))
+                    if new_mask_BTT is None else new_mask_BTT)
+    if cache is None:
+        keys, values, visible_BTS = k, v, new_mask_BTT
+    else:
+        keys = _write_rows(cache[0], k, cache_lengths_B)
+        values = _write_rows(cache[1], v, cache_lengths_B)
+        slots = keys.shape[1]
+        relative_BS = jnp.arange(slots, dtype=jnp.int32)[None] - cache_lengths_B[:, None]
+        in_new_BS = (relative_BS >= 0) & (relative_BS < length)
+        new_visible_BTS = jnp.take_along_axis(
+            new_mask_BTT, jnp.broadcast_to(jnp.clip(relative_BS, 0, length - 1)[:, None],
+                                           (batch, length, slots)), axis=2)
+        visible_BTS = (relative_BS < 0)[:, None] | (in_new_BS[:, None] & new_visible_BTS)
+    weights, _ = attention_weights(config, q, keys.astype(jnp.float32), visible_BTS)
+    attended_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", weights, values.astype(jnp.float32))
+    out = finish_block(params, config, x_BTD, attended_BTKGH)
+    return out, (None if cache is None else (keys, values))
+
+
+def head_logits(params: dict, config: FeatureHeadConfig, lm_head_VD: Array,
+                out_BTD: Array) -> Array:
+    """Float32 logits [..., V] of head outputs through the target's LM head."""
+    normed = rms_norm(out_BTD, params["final_norm"], config.rms_norm_eps)
+    return jnp.einsum("...D,VD->...V", normed, lm_head_VD.astype(jnp.float32))
+
+
+def init_head_cache(config: FeatureHeadConfig, batch: int, slots: int) -> tuple[Array, Array]:
+    shape = (batch, slots, config.num_kv_heads, config.resolved_head_dim)
+    return jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)

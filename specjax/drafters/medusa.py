@@ -1,0 +1,203 @@
+"""Medusa heads (Cai et al. 2024): M extra heads on the target's last hidden state.
+
+Head m reads the target's final hidden state h at the position whose distribution gave
+the last committed token, and predicts the token m + 1 places after that one (m + 2
+after h's own position): `logits_m = (h + SiLU(h W_m + b_m)) @ lm_head.T`, the target's
+LM head shared (a residual block per head, initialised at zero so an untrained head starts
+as the target's own next-token head). The heads do not see the drafts before them, so one
+evaluation per step gives every depth: a chain takes each head's top-1 (or a sample from
+it), a tree takes head d's top-k as the children of every depth-d node (a static tree,
+or an EAGLE-2 dynamic tree scored by the heads' log-probabilities).
+
+Exact at every temperature: sampled drafts carry the head's warped distribution as q,
+argmax drafts a one-hot q, tree children are deterministic (accepted with probability
+p(x)). Medusa's lossy "typical acceptance" is not offered: it changes the output
+distribution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from specjax.causal_lm import CausalLM
+from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.drafters.draft_model import DRAFT_METHODS
+from specjax.drafters.eagle import accepted_feature_index, load_head, save_head
+from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
+from specjax.trees import DynamicTree, TreeShape
+
+
+def init_medusa_params(num_heads: int, d_model: int) -> dict:
+    """Zero residual blocks: every head starts as the target's LM head."""
+    return {"w": jnp.zeros((num_heads, d_model, d_model), jnp.float32),
+            "b": jnp.zeros((num_heads, d_model), jnp.float32)}
+
+
+def medusa_logits(params: dict, lm_head_VD: Array, hidden_BD: Array) -> Array:
+    """Float32 logits [B, M, V] of every head at hidden states [B, D] (any leading axes)."""
+    h = hidden_BD.astype(jnp.float32)[..., None, :]
+    projected = jnp.einsum("...XD,MDE->...ME", h, params["w"])
+    bias = params["b"].reshape((1,) * (projected.ndim - 2) + params["b"].shape)
+    heads = h + jax.nn.silu(projected + bias)
+    return jnp.einsum("...MD,VD->...MV", heads, lm_head_VD.astype(jnp.float32))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MedusaState:
+    """hidden float32 [B, D]: the target's final hidden state at the position whose
+    distribution gave the last committed token."""
+
+    hidden: Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
+class Medusa:
+    """Medusa heads on a target. params: {"w": [M, D, D], "b": [M, D]}; lm_head: the
+    target's LM head [V, D] (`specjax_models.embedding_and_head(target)[1]`). method:
+    "greedy" (each head's argmax, one-hot q; the paper's choice) or "sample" (a draw from
+    each head's warped distribution with that q). Chains of K <= M drafts; trees of depth
+    <= M."""
+
+    params: dict
+    lm_head: Array
+    method: str = dataclasses.field(default="greedy", metadata={"static": True})
+
+    reads_target_features: ClassVar[bool] = True
+    feature_layers: ClassVar[tuple] = ()
+    drafts_trees: ClassVar[bool] = True
+    drafts_dynamic_trees: ClassVar[bool] = True
+
+    def __post_init__(self):
+        if self.method not in DRAFT_METHODS:
+            raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
+        w = getattr(self.params.get("w"), "shape", None) if isinstance(self.params, dict) \
+            else None
+        if w is not None and (len(w) != 3 or w[1] != w[2]):
+            raise ValueError(f"Medusa params['w'] must be [num_heads, D, D], got {w}")
+
+    @classmethod
+    def create(cls, num_heads: int, lm_head: Array, method: str = "greedy") -> Medusa:
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+        lm_head = jnp.asarray(lm_head)
+        return cls(init_medusa_params(num_heads, lm_head.shape[1]), lm_head, method)
+
+    @property
+    def num_heads(self) -> int:
+        return self.params["w"].shape[0]
+
+    def with_params(self, params: dict) -> Medusa:
+        return dataclasses.replace(self, params=params)
+
+    def with_method(self, method: str) -> Medusa:
+        return dataclasses.replace(self, method=method)
+
+    def save(self, directory: str | Path) -> None:
+        save_head(directory, "medusa", {"num_heads": self.num_heads,
+                                        "d_model": int(self.params["w"].shape[1])}, self.params)
+
+    @classmethod
+    def load(cls, directory: str | Path, lm_head: Array, method: str = "greedy") -> Medusa:
+        kind, _, params = load_head(directory)
+        if kind != "medusa":
+            raise ValueError(f"{directory} holds a {kind} head, not Medusa heads; load it "
+                             "with specjax.drafters.Eagle.load")
+        return cls(params, jnp.asarray(lm_head), method)
+
+    # -- host-side checks --------------------------------------------------------------------
+    def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
+        if self.lm_head.shape[0] != target.vocab_size:
+            raise ValueError(f"Medusa's lm_head has {self.lm_head.shape[0]} rows but the "
+                             f"target's vocab_size is {target.vocab_size}: the heads run on "
+                             "the target they were trained for")
+
+    def _check_depth(self, depth: int, what: str) -> None:
+        if depth > self.num_heads:
+            raise ValueError(f"{what} needs {depth} Medusa heads but there are "
+                             f"{self.num_heads}: head m drafts depth m + 1; lower it to "
+                             f"<= {self.num_heads} or train more heads")
+
+    def forwards_per_step(self, num_draft_tokens: int,
+                          tree: TreeShape | DynamicTree | None = None) -> int:
+        return 1  # every head at once
+
+    # -- traced ------------------------------------------------------------------------------
+    def init(self, prompt_tokens_BP: Array, prompt_lengths_B: Array, capacity: int, *,
+             features: Array) -> MedusaState:
+        # The hidden state that gave the last prompt token: position length - 2 (none for a
+        # one-token prompt: zeros, a poor but harmless guess).
+        index_B = jnp.maximum(prompt_lengths_B - 2, 0)
+        hidden_BD = jnp.take_along_axis(features, index_B[:, None, None], axis=1)[:, 0]
+        hidden_BD = jnp.where((prompt_lengths_B >= 2)[:, None], hidden_BD, 0.0)
+        return MedusaState(hidden_BD.astype(jnp.float32))
+
+    def commit(self, state: MedusaState, commit: Commit) -> MedusaState:
+        count_B = commit.new_lengths - commit.old_lengths
+        feature_index_BW = accepted_feature_index(commit)
+        last_B = jnp.take_along_axis(feature_index_BW, jnp.maximum(count_B - 1, 0)[:, None],
+                                     axis=1)[:, 0]
+        hidden_BD = jnp.take_along_axis(commit.target_hidden, last_B[:, None, None],
+                                        axis=1)[:, 0].astype(jnp.float32)
+        return MedusaState(jnp.where((count_B > 0)[:, None], hidden_BD, state.hidden))
+
+    def propose(self, state: MedusaState, context: DraftContext, key: Array, *,
+                num_draft_tokens: int, sampling: SamplingConfig, vocab_size: int,
+                tree: TreeShape | DynamicTree | None = None) -> tuple[MedusaState, Proposal]:
+        logits_BMV = medusa_logits(self.params, self.lm_head, state.hidden)
+        if isinstance(tree, DynamicTree):
+            return state, self._dynamic_tree(logits_BMV, tree, sampling)
+        if tree is not None:
+            return state, self._static_tree(logits_BMV, tree)
+        self._check_depth(num_draft_tokens, f"a chain of {num_draft_tokens} drafts")
+        logits_BKV = logits_BMV[:, :num_draft_tokens]
+        if self.method == "greedy" or sampling.greedy:
+            tokens_BK = jnp.argmax(logits_BKV, axis=-1).astype(jnp.int32)
+            return state, Proposal(tokens=tokens_BK, q=jax.nn.one_hot(
+                tokens_BK, vocab_size, dtype=jnp.float32))
+        q_BKV = probabilities(logits_BKV, sampling)
+        batch = q_BKV.shape[0]
+        depth_keys = jax.random.split(key, num_draft_tokens)
+        tokens_BK = jnp.stack([sample_from_probs(row_keys(k, batch), q_BKV[:, d])
+                               for d, k in enumerate(depth_keys)], axis=1)
+        return state, Proposal(tokens=tokens_BK, q=q_BKV)
+
+    def _static_tree(self, logits_BMV: Array, tree: TreeShape) -> Proposal:
+        """Node at depth d and sibling rank r: head d - 1's r-th most probable token."""
+        self._check_depth(tree.max_depth, f"a tree of depth {tree.max_depth}")
+        rank_of, seen = [], {}
+        for parent in tree.parents:
+            rank_of.append(seen.get(parent, 0))
+            seen[parent] = seen.get(parent, 0) + 1
+        _, top_BMR = jax.lax.top_k(logits_BMV[:, :tree.max_depth], tree.max_branching)
+        depth_N = np.asarray(tree.depths) - 1
+        tokens_BN = top_BMR[:, depth_N, np.asarray(rank_of)].astype(jnp.int32)
+        return Proposal(tokens=tokens_BN, q=None,
+                        never_accept=jnp.zeros(tokens_BN.shape, bool))
+
+    def _dynamic_tree(self, logits_BMV: Array, tree: DynamicTree,
+                      sampling: SamplingConfig) -> Proposal:
+        """Every frontier node's children come from the head of the next depth."""
+        self._check_depth(tree.max_depth, f"a dynamic tree of depth {tree.max_depth}")
+        if sampling.greedy:
+            log_probs_BMV = jax.nn.log_softmax(logits_BMV, axis=-1)
+        else:
+            log_probs_BMV = jnp.log(probabilities(logits_BMV, sampling))
+
+        def expand(depth, nodes: ExpandedNodes):
+            frontier_BkV = jnp.broadcast_to(log_probs_BMV[:, depth][:, None],
+                                            (nodes.tokens.shape[0], tree.top_k,
+                                             log_probs_BMV.shape[-1]))
+            return depth + 1, frontier_BkV
+
+        _, tokens_BN, parents_BN = grow_dynamic_tree(tree, log_probs_BMV[:, 0], expand, 1)
+        return Proposal(tokens=tokens_BN, q=None, parents=parents_BN)

@@ -1,0 +1,282 @@
+"""Training feature drafters (Medusa, EAGLE-1, EAGLE-3, MTP) by self-distillation.
+
+Data: continuations that the target itself generates from corpus prompts
+(`self_distillation_data`), as the Medusa and EAGLE recipes do. The frozen target runs
+inside each training step (its features and next-token distributions are recomputed, so
+nothing is cached to disk: the bundled target costs less than the head's backward pass).
+Losses, float32, averaged over valid positions:
+
+- medusa: head m at position t against the target's distribution at t + m + 1 (the token
+  m + 2 ahead of t), cross-entropy with the target's distribution as the label, weighted
+  `decay ** m` (Medusa-1 uses the generated token as a hard label; the distribution it was
+  drawn from is the same label with less noise).
+- eagle (EAGLE-1): smooth-L1 regression of the head's output onto the target's feature at
+  t, plus `classification_weight` (0.1) times the soft cross-entropy of its logits against
+  the target's distribution at t. Teacher-forced (unroll 1).
+- eagle3 (EAGLE-3): soft cross-entropy over `unroll` steps of training-time test: step j
+  feeds the head its own outputs of step j - 1, and position t then plays the j-th draft
+  after the prefix ending at t - j (it attends to the teacher pairs up to t - j and to its
+  own chain), weighted `decay ** j`.
+- mtp: the same unrolled recursion with a hard cross-entropy on the generated tokens.
+
+Held-out acceptance: for the heads, the expected acceptance of the target sampling at
+temperature 1 from the head's distribution at each draft depth, sum_x min(p(x), q(x)),
+reported during training (`acceptance@d`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.causal_lm import CausalLM
+from specjax.drafters.eagle import Eagle
+from specjax.drafters.feature_head import (
+    attention_weights,
+    finish_block,
+    fuse_features,
+    head_inputs,
+    head_logits,
+    project_qkv,
+)
+from specjax.drafters.medusa import Medusa, medusa_logits
+from specjax.generate import generate
+from specjax.sampling import SamplingConfig
+from specjax.training.config import TrainConfig
+from specjax.training.loop import TrainResult, _run
+
+HEAD_METHODS = ("medusa", "eagle", "eagle3", "mtp")
+DEFAULT_UNROLL = {"medusa": 1, "eagle": 1, "eagle3": 4, "mtp": 4}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeadTrainConfig:
+    """method: one of HEAD_METHODS. unroll: training-time-test steps (eagle3, mtp; 1 for
+    the others). decay: loss weight ratio between successive depths (heads for Medusa).
+    classification_weight: EAGLE-1's weight of the cross-entropy next to the regression."""
+
+    method: str
+    unroll: int | None = None
+    decay: float = 0.8
+    classification_weight: float = 0.1
+
+    def __post_init__(self):
+        if self.method not in HEAD_METHODS:
+            raise ValueError(f"method must be one of {HEAD_METHODS}, got {self.method!r}")
+        if self.unroll is None:
+            object.__setattr__(self, "unroll", DEFAULT_UNROLL[self.method])
+        if self.unroll < 1:
+            raise ValueError(f"unroll must be >= 1, got {self.unroll}")
+        if self.method in ("medusa", "eagle") and self.unroll != 1:
+            raise ValueError(f"{self.method} trains teacher-forced (unroll=1); training-time "
+                             "test is for eagle3 and mtp")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+
+
+def target_outputs(target: CausalLM, tokens_BT, feature_layers: tuple[int, ...]):
+    """The frozen target over whole sequences: `(p [B, T, V] float32 at temperature 1,
+    hidden)`, hidden as `CausalLM.apply` returns it with `feature_layers`."""
+    batch, length = tokens_BT.shape
+    positions_BT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    logits_BTV, hidden, _ = target.apply(tokens_BT, positions_BT,
+                                         target.init_cache(batch, length),
+                                         jnp.zeros((batch,), jnp.int32),
+                                         feature_layers=feature_layers)
+    p_BTV = jax.nn.softmax(logits_BTV.astype(jnp.float32), axis=-1)
+    return jax.lax.stop_gradient(p_BTV), jax.lax.stop_gradient(hidden)
+
+
+def _soft_cross_entropy(p_BTV, logits_BTV):
+    return -jnp.sum(p_BTV * jax.nn.log_softmax(logits_BTV, axis=-1), axis=-1)
+
+
+def _acceptance(p_BTV, logits_BTV):
+    return jnp.sum(jnp.minimum(p_BTV, jax.nn.softmax(logits_BTV, axis=-1)), axis=-1)
+
+
+def _masked_mean(values_BT, mask_BT):
+    mask = mask_BT.astype(jnp.float32)
+    return jnp.sum(values_BT * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def _shift_right(x_BT, steps: int):
+    """x[:, t - steps] at t (zeros before the start)."""
+    if steps == 0:
+        return x_BT
+    pad = jnp.zeros_like(x_BT[:, :steps])
+    return jnp.concatenate([pad, x_BT[:, :-steps]], axis=1)
+
+
+def unrolled_head(drafter: Eagle, tokens_BT, features_BTD, steps: int) -> list:
+    """The head's outputs [B, T, D] at each training-time-test step (see the module
+    docstring): step 0 is teacher-forced on the target's features; step j feeds the head
+    its own step j - 1 outputs, each position attending to the teacher pairs up to t - j
+    and to its own chain of j pairs."""
+    params, config = drafter.params, drafter.config
+    batch, length = tokens_BT.shape
+    positions_BT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    index_T = jnp.arange(length)
+    keys, values, outputs = [], [], []
+    feature_BTD = _shift_right(features_BTD, 1)
+    for step in range(steps):  # static
+        x_BTD = head_inputs(params, config, drafter.embedding, tokens_BT, feature_BTD)
+        q, k, v = project_qkv(params, config, x_BTD, positions_BT)
+        keys.append(k)
+        values.append(v)
+        # Teacher pairs up to t - step (step 0: causal).
+        visible_BTS = jnp.broadcast_to(index_T[None, :] <= index_T[:, None] - step,
+                                       (batch, length, length))
+        extra, extra_values = None, []
+        if step > 0:
+            groups = config.num_heads // config.num_kv_heads
+            q_BTKGH = q.reshape(batch, length, config.num_kv_heads, groups, -1)
+            columns = []
+            for i in range(1, step + 1):
+                lag = step - i  # own pair i of the chain sits at t - lag
+                k_i, v_i = _shift_right(keys[i], lag), _shift_right(values[i], lag)
+                score_BKGT = jnp.einsum("BTKGH,BTKH->BKGT", q_BTKGH, k_i) / math.sqrt(
+                    q.shape[-1])
+                valid_T = index_T >= lag
+                columns.append(jnp.where(valid_T[None, None, None], score_BKGT, -jnp.inf))
+                extra_values.append(v_i)
+            extra = jnp.stack(columns, axis=-1)
+        weights, _ = attention_weights(config, q, keys[0], visible_BTS, extra)
+        attended = jnp.einsum("BKGTS,BSKH->BTKGH", weights[..., :length], values[0])
+        for i, v_i in enumerate(extra_values):
+            attended = attended + jnp.einsum("BKGT,BTKH->BTKGH", weights[..., length + i], v_i)
+        out_BTD = finish_block(params, config, x_BTD, attended)
+        outputs.append(out_BTD)
+        feature_BTD = _shift_right(out_BTD, 1)
+    return outputs
+
+
+def _eagle_terms(drafter: Eagle, target: CausalLM, tokens_BT, config: HeadTrainConfig):
+    """Per unroll step: (loss, expected acceptance) averaged over valid positions."""
+    p_BTV, hidden = target_outputs(target, tokens_BT, drafter.feature_layers)
+    features_BTD = fuse_features(drafter.params, drafter.config, hidden)
+    outputs = unrolled_head(drafter, tokens_BT, features_BTD, config.unroll)
+    length = tokens_BT.shape[1]
+    index_T = jnp.arange(length)
+    terms = []
+    for step, out_BTD in enumerate(outputs):
+        logits_BTV = head_logits(drafter.params, drafter.config, drafter.lm_head, out_BTD)
+        valid_BT = jnp.broadcast_to(index_T >= step, tokens_BT.shape)
+        accept = _masked_mean(_acceptance(p_BTV, logits_BTV), valid_BT)
+        if config.method == "mtp":
+            hard_BT = -jnp.take_along_axis(jax.nn.log_softmax(logits_BTV[:, :-1], axis=-1),
+                                           tokens_BT[:, 1:, None], axis=-1)[..., 0]
+            loss = _masked_mean(hard_BT, valid_BT[:, :-1])
+        else:
+            loss = _masked_mean(_soft_cross_entropy(p_BTV, logits_BTV), valid_BT)
+            if config.method == "eagle":
+                final_BTD = hidden[..., -1, :] if hidden.ndim == 4 else hidden
+                diff = out_BTD - final_BTD.astype(jnp.float32)
+                smooth_l1 = jnp.where(jnp.abs(diff) < 1.0, 0.5 * diff * diff,
+                                      jnp.abs(diff) - 0.5)
+                loss = config.classification_weight * loss + _masked_mean(
+                    jnp.mean(smooth_l1, axis=-1), valid_BT)
+        terms.append((loss, accept))
+    return terms
+
+
+def _medusa_terms(drafter: Medusa, target: CausalLM, tokens_BT, config: HeadTrainConfig):
+    p_BTV, hidden_BTD = target_outputs(target, tokens_BT, ())
+    logits_BTMV = medusa_logits(drafter.params, drafter.lm_head, hidden_BTD)
+    length = tokens_BT.shape[1]
+    terms = []
+    for head in range(drafter.num_heads):
+        ahead = head + 1  # the label: the target's distribution at t + head + 1
+        if ahead >= length:
+            break
+        logits_BTV = logits_BTMV[:, : length - ahead, head]
+        label_BTV = p_BTV[:, ahead:]
+        loss = jnp.mean(_soft_cross_entropy(label_BTV, logits_BTV))
+        terms.append((loss, jnp.mean(_acceptance(label_BTV, logits_BTV))))
+    return terms
+
+
+def head_terms(drafter, target: CausalLM, tokens_BT, config: HeadTrainConfig):
+    if config.method == "medusa":
+        if not isinstance(drafter, Medusa):
+            raise TypeError("method 'medusa' trains a specjax.drafters.Medusa")
+        return _medusa_terms(drafter, target, tokens_BT, config)
+    if not isinstance(drafter, Eagle):
+        raise TypeError(f"method {config.method!r} trains a specjax.drafters.Eagle")
+    expected = {"eagle": "eagle1", "eagle3": "eagle3", "mtp": "mtp"}[config.method]
+    if drafter.config.kind != expected:
+        raise ValueError(f"method {config.method!r} trains a head of kind {expected!r}, but "
+                         f"this head is {drafter.config.kind!r}")
+    return _eagle_terms(drafter, target, tokens_BT, config)
+
+
+def head_loss(drafter, target: CausalLM, tokens_BT, config: HeadTrainConfig):
+    """The weighted training loss (scalar float32)."""
+    terms = head_terms(drafter, target, tokens_BT, config)
+    weights = [config.decay ** i for i in range(len(terms))]
+    return sum(w * loss for w, (loss, _) in zip(weights, terms, strict=True)) / sum(weights)
+
+
+def head_acceptance(drafter, target: CausalLM, tokens_BT, config: HeadTrainConfig) -> dict:
+    """Expected acceptance at temperature 1 per draft depth: {"acceptance@1": ..., ...}."""
+    terms = head_terms(drafter, target, tokens_BT, config)
+    return {f"acceptance@{i + 1}": accept for i, (_, accept) in enumerate(terms)}
+
+
+def self_distillation_data(target: CausalLM, prompts: np.ndarray, new_tokens: int, *,
+                           key, batch_size: int = 64, temperature: float = 1.0,
+                           progress=None) -> np.ndarray:
+    """int32 [N, P + new_tokens]: each prompt row (int [N, P], equal lengths) followed by
+    the target's own sampled continuation (cut at nothing: no EOS)."""
+    prompts = np.asarray(prompts, np.int32)
+    if prompts.ndim != 2:
+        raise ValueError(f"prompts must be int [N, P], got shape {prompts.shape}")
+    sampling = SamplingConfig(temperature=temperature)
+    rows = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start:start + batch_size]
+        out = generate(target, chunk, max_new_tokens=new_tokens, sampling=sampling,
+                       key=jax.random.fold_in(key, start))
+        rows.append(np.concatenate([chunk, np.asarray(out.tokens)[:, :new_tokens]], axis=1))
+        if progress is not None:
+            progress(min(start + batch_size, len(prompts)), len(prompts))
+    return np.concatenate(rows, axis=0).astype(np.int32)
+
+
+def epoch_batches(data: np.ndarray, batch_size: int, seed: int):
+    """`step -> int32 [batch, T]`: rows of `data` in a fresh permutation every epoch, a
+    pure function of (seed, step) so resumed runs see the same batches."""
+    rows = len(data)
+    if rows < batch_size:
+        raise ValueError(f"{rows} training sequences cannot fill a batch of {batch_size}")
+    per_epoch = rows // batch_size
+
+    def batch(step: int) -> np.ndarray:
+        epoch, index = divmod(step, per_epoch)
+        order = np.random.default_rng([seed, epoch]).permutation(rows)
+        return data[order[index * batch_size:(index + 1) * batch_size]]
+
+    return batch
+
+
+def train_head(drafter, target: CausalLM, data: np.ndarray, config: TrainConfig,
+               head_config: HeadTrainConfig, *, batch_size: int = 32,
+               checkpoint_dir: str | Path | None = None, heldout: list[np.ndarray] = (),
+               seed: int = 0, progress: bool = True,
+               max_seconds: float | None = None) -> TrainResult:
+    """Train `drafter` (a `Medusa` or `Eagle`; its target embedding and LM head frozen, only
+    `drafter.params` trained) on `data` int32 [N, T] with the target frozen. Resumable
+    exactly from `checkpoint_dir` as `specjax.training.train`; `TrainResult.lm` is the
+    trained drafter and the history records held-out `acceptance@d` at each evaluation."""
+    head_terms(drafter, target, jnp.asarray(np.asarray(data)[:1, :8]), head_config)  # checks
+    loss_of = lambda model, tokens, aux: head_loss(model, aux, tokens, head_config)
+    metrics_of = lambda model, tokens, aux: head_acceptance(model, aux, tokens, head_config)
+    batches = epoch_batches(np.asarray(data, np.int32), batch_size, seed)
+    return _run(drafter, loss_of, lambda step, params: batches(step), config,
+                checkpoint_dir and Path(checkpoint_dir), list(heldout), "train-drafter",
+                progress, max_seconds, aux=target, metrics_of=metrics_of)
