@@ -259,8 +259,23 @@ def _validate_generate(args):
 
     _check_dir(args.target, "--target")
     _check_dir(args.draft, "--draft")
+    head = getattr(args, "head", None)
+    if head is not None and not os.path.isfile(os.path.join(head, "head.json")):
+        raise CliError(f"--head {head} holds no trained head (expected head.json and head.npz, "
+                       "as `specjax train-drafter` writes)")
+    choice = _resolve_drafter_choice(args)
+    if head is not None and choice not in HEAD_CHOICES:
+        raise CliError("--head needs --drafter medusa, eagle, eagle3 or mtp")
+    if head is None and choice in HEAD_CHOICES and (args.model != "bundled" or args.target):
+        raise CliError(f"--drafter {choice}: the shipped heads belong to the bundled target; "
+                       f"pass --head DIR with a head trained on this target (specjax "
+                       f"train-drafter --method {choice} ...)")
     if args.max_new_tokens < 1:
         raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.num_draft_tokens is None:
+        # Medusa drafts as deep as it has heads (known once loaded, see _load_pair).
+        args.num_draft_tokens = 1 if _resolve_drafter_choice(args) == "medusa" else 6
+        args.k_from_heads = _resolve_drafter_choice(args) == "medusa"
     try:
         sampling = specjax.SamplingConfig(temperature=args.temperature, top_k=args.top_k,
                                           top_p=args.top_p)
@@ -278,8 +293,9 @@ def _parse_tree(args):
         return None
     import specjax
 
-    if _resolve_drafter_choice(args) != "model" or args.no_speculation:
-        raise CliError("--dynamic-tree needs the draft model (--drafter model, speculation on)")
+    if _resolve_drafter_choice(args) == "prompt-lookup" or args.no_speculation:
+        raise CliError("--dynamic-tree needs a drafter that scores tokens (--drafter model, "
+                       "medusa, eagle, eagle3 or mtp; speculation on)")
     parts = args.dynamic_tree.split(",")
     if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
         raise CliError(f"--dynamic-tree takes NODES,DEPTH,TOP_K (three integers, e.g. "
@@ -326,6 +342,23 @@ def _smollm2():
         raise CliError(str(error)) from None
 
 
+HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp")
+
+
+def _load_head(args, choice, target):
+    """A trained feature drafter on `target`: --head DIR, else the bundled target's."""
+    import specjax_models
+    from specjax_models.heads import load_head_for
+
+    head_dir = getattr(args, "head", None)
+    directory = head_dir or specjax_models.bundled.bundled_path(choice)
+    method = "greedy" if args.greedy_draft else None
+    try:
+        return load_head_for(directory, target, method)
+    except FileNotFoundError as error:
+        raise CliError(str(error)) from None
+
+
 def _load_pair(args, sampling, lookup, speculative: bool):
     """`(target, drafter or None, tokenizer)` for --model, --target, --draft, --drafter."""
     import specjax
@@ -346,6 +379,11 @@ def _load_pair(args, sampling, lookup, speculative: bool):
     drafter = None
     if speculative and choice == "prompt-lookup":
         drafter = lookup
+    elif speculative and choice in HEAD_CHOICES:
+        drafter = _load_head(args, choice, target)
+        drafter.check(target, sampling)
+        if getattr(args, "k_from_heads", False):
+            args.num_draft_tokens = drafter.num_heads
     elif speculative:
         drafter = specjax.DraftModel(_load(args.draft, "draft"),
                                      "greedy" if args.greedy_draft else "sample")
@@ -700,12 +738,17 @@ def _train_drafter(args) -> int:
 
     import jax
 
+    seconds = time.perf_counter() - started
+    earlier = (json.loads((out / "metadata.json").read_text())
+               if (out / "metadata.json").exists() else {})
     (out / "metadata.json").write_text(json.dumps({
         "kind": "train-drafter", "method": args.method, "steps_done": steps,
         "args": vars(args), "heldout_loss": result.heldout_loss,
         "heldout_acceptance": acceptance, "train_sequences": int(len(train)),
         "data_seconds_this_run": round(data_seconds, 1),
-        "train_seconds_this_run": round(time.perf_counter() - started, 1),
+        "train_seconds_this_run": round(seconds, 1),
+        "train_seconds_total": round(earlier.get("train_seconds_total", earlier.get(
+            "train_seconds_this_run", 0.0)) + seconds, 1),
         "device": f"{jax.devices()[0].platform} ({platform.processor() or platform.machine()}, "
                   f"{os.cpu_count()} cores)",
         "command": " ".join(sys.argv)}, indent=1) + "\n")
@@ -793,8 +836,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="target checkpoint directory (default: the bundled target)")
     gen.add_argument("--draft", default=None,
                      help="draft checkpoint directory (default: the bundled draft)")
-    gen.add_argument("--num-draft-tokens", type=int, default=6,
-                     help="K, drafts verified per target forward (default: %(default)s)")
+    gen.add_argument("--num-draft-tokens", type=int, default=None,
+                     help="K, drafts verified per target forward (default: 6; Medusa: its "
+                          "number of heads)")
     _add_sampling(gen)
     gen.add_argument("--seed", type=int, default=0, help="PRNG seed (default: %(default)s)")
     gen.add_argument("--max-new-tokens", type=int, default=200,
@@ -813,9 +857,15 @@ def build_parser() -> argparse.ArgumentParser:
                           "%(default)s)")
     gen.add_argument("--raw", action="store_true",
                      help="smollm2: continue the prompt as raw text, no chat template")
-    gen.add_argument("--drafter", choices=["model", "prompt-lookup"], default=None,
-                     help="the draft model, or n-gram lookup in the prompt and output "
-                          "(default: model for the bundled pair, prompt-lookup for smollm2)")
+    gen.add_argument("--drafter", choices=["model", "prompt-lookup", *HEAD_CHOICES],
+                     default=None,
+                     help="the draft model, n-gram lookup in the prompt and output, or a "
+                          "feature head reading the target's hidden states (medusa, eagle, "
+                          "eagle3, mtp; the bundled target ships trained ones) (default: "
+                          "model for the bundled pair, prompt-lookup for smollm2)")
+    gen.add_argument("--head", default=None,
+                     help="a feature head trained by `specjax train-drafter` for --drafter "
+                          "medusa/eagle/eagle3/mtp (default: the bundled target's)")
     gen.add_argument("--max-ngram-size", type=int, default=3,
                      help="prompt lookup: longest n-gram matched (default: %(default)s)")
     gen.add_argument("--min-ngram-size", type=int, default=2,

@@ -68,7 +68,14 @@ def test_demo_streams_and_explains_its_speed():
     (["generate", "x", "--dynamic-tree", "16,6"], "--dynamic-tree takes NODES,DEPTH,TOP_K"),
     (["generate", "x", "--dynamic-tree", "99,2,3"], "exceeds the 12 nodes"),
     (["generate", "x", "--dynamic-tree", "8,3,2", "--drafter", "prompt-lookup"],
-     "--dynamic-tree needs the draft model"),
+     "--dynamic-tree needs a drafter that scores tokens"),
+    (["generate", "x", "--drafter", "medusa", "--head", "/nonexistent"],
+     "--head /nonexistent holds no trained head"),
+    (["generate", "x", "--head", "/tmp"], "holds no trained head"),
+    (["generate", "x", "--model", "smollm2", "--drafter", "eagle3"],
+     "the shipped heads belong to the bundled target"),
+    (["train-drafter", "--method", "eagle3", "--out", "/tmp/x", "--target", "/nope"],
+     "/nope does not exist"),
     (["distill", "--target", "/nope", "--draft", "/nope", "--out", "/tmp/x"],
      "/nope does not exist"),
 ])
@@ -146,6 +153,36 @@ def test_train_then_distill_end_to_end(tmp_path):
     gen = run("generate", "import os", "--target", str(tmp_path / "t"), "--draft",
               str(tmp_path / "d"), "--json", "--max-new-tokens", "8")
     assert gen.returncode == 0, gen.stderr
+
+
+@pytest.mark.slow
+def test_train_drafter_then_generate_with_it(tmp_path):
+    """`specjax train-drafter` end to end (generate data, train, save), a resumed run, then
+    `generate --drafter ... --head` whose greedy output equals plain decoding."""
+    data = tmp_path / "corpus"
+    corpus.build_corpus(max_files=30).save(data)
+    common = ["--sequences", "16", "--seq-len", "40", "--prompt-len", "16", "--batch-size",
+              "8", "--eval-batches", "1", "--eval-every", "2", "--log-every", "1",
+              "--corpus", str(data)]
+    for method in ("eagle3", "medusa"):
+        out = tmp_path / method
+        first = run("train-drafter", "--method", method, "--out", str(out), "--steps", "2",
+                    *common)
+        assert first.returncode == 0, first.stderr
+        assert "held-out expected acceptance" in first.stdout
+        assert "acceptance@1" in first.stderr and "generating 16 + 8" in first.stderr
+        resumed = run("train-drafter", "--method", method, "--out", str(out), "--steps", "3",
+                      *common)
+        assert "reusing the generated data" in resumed.stderr
+        assert "resuming from step 2 of 3" in resumed.stderr, resumed.stderr
+        meta = json.loads((out / "metadata.json").read_text())
+        assert meta["steps_done"] == 3 and meta["method"] == method
+        prompt = "def parse(source):\n    "
+        spec = run("generate", prompt, "--json", "--max-new-tokens", "24", "--drafter", method,
+                   "--head", str(out))
+        plain = run("generate", prompt, "--json", "--max-new-tokens", "24", "--no-speculation")
+        assert spec.returncode == 0, spec.stderr
+        assert json.loads(spec.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
 
 
 def _smollm2_or_skip():
