@@ -33,7 +33,7 @@ LABELS = {"medusa": "Medusa", "eagle": "EAGLE-1", "eagle3": "EAGLE-3", "mtp": "M
 def drafter_rows(heads: dict, draft, sampling) -> dict:
     """label -> (drafter, K or None, tree or None)."""
     method = "greedy" if sampling.greedy else "sample"
-    rows = {"draft model, chain K=4": (specjax.DraftModel(draft, method), 4, None),
+    rows = {"draft model, chain K=6": (specjax.DraftModel(draft, method), 6, None),
             "draft model, chain K=8": (specjax.DraftModel(draft, method), 8, None),
             "draft model, dynamic 32": (specjax.DraftModel(draft), None,
                                         DynamicTree(32, 8, 4)),

@@ -202,6 +202,15 @@ def _demo_speed(target, draft, prompt_ids, args, sampling, key) -> None:
     print()
 
 
+def _demo_head(target):
+    """The shipped EAGLE-3 head of the bundled target, or None in a checkout without it."""
+    import specjax_models
+    from specjax_models.heads import load_head_for
+
+    path = specjax_models.bundled.bundled_path("eagle3")
+    return load_head_for(path, target) if (path / "head.npz").exists() else None
+
+
 def _demo(args) -> int:
     import jax
 
@@ -237,6 +246,19 @@ def _demo(args) -> int:
         stats, *_ = _stream_text(target, draft, ids, args, sampling, key, paint, None)
         print(f"[draft model] acceptance rate {stats.acceptance_rate:.2f}, tau "
               f"{stats.mean_accepted_length:.2f} tokens per target forward\n")
+
+    head = _demo_head(target)
+    if head is not None:
+        prompt, ids = prompts[0], prompt_ids[0]
+        print(paint(f"--- [EAGLE-3 head] {prompt['file']} (held out) again, drafted by a "
+                    "one-layer head that reads the target's own hidden states, as an EAGLE-2 "
+                    f"tree of {_demo_tree().num_nodes} nodes grown per step ---", DIM))
+        print(paint(prompt["text"][-160:], DIM) + marker, end="", flush=True)
+        stats, *_ = _stream_text(target, head, ids, args, sampling, key, paint, None,
+                                 tree=_demo_tree())
+        print(f"[EAGLE-3 head] acceptance rate {stats.acceptance_rate:.2f}, tau "
+              f"{stats.mean_accepted_length:.2f} tokens per target forward (nodes verified "
+              f"per forward: {stats.nodes_per_step:.0f})\n")
 
     copy = next(p for p in specjax_models.bundled_prompts() if p["kind"] == "copy")
     print(paint(f"--- [prompt lookup] {copy['file']} (held out), asked to continue a copy of "
@@ -343,6 +365,12 @@ def _smollm2():
 
 
 HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp")
+
+
+def _demo_tree():
+    import specjax
+
+    return specjax.DynamicTree(num_nodes=32, max_depth=8, top_k=4)
 
 
 def _load_head(args, choice, target):
@@ -751,7 +779,7 @@ def _train_drafter(args) -> int:
             "train_seconds_this_run", 0.0)) + seconds, 1),
         "device": f"{jax.devices()[0].platform} ({platform.processor() or platform.machine()}, "
                   f"{os.cpu_count()} cores)",
-        "command": " ".join(sys.argv)}, indent=1) + "\n")
+        "command": "specjax " + " ".join(sys.argv[1:])}, indent=1) + "\n")
     shown = ", ".join(f"{k} {v:.3f}" for k, v in acceptance.items())
     print(f"trained {steps} steps; held-out expected acceptance at t=1: {shown}; saved to "
           f"{out}")
