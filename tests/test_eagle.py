@@ -48,8 +48,10 @@ def head_state_from_scratch(target, drafter, sequence, lengths, capacity):
     return drafter.init(sequence, lengths, capacity, features=features)
 
 
-@pytest.mark.parametrize("kind,tree", [("eagle3", None), ("eagle1", TREE), ("mtp",
-                                                                          DynamicTree(6, 3, 2))])
+@pytest.mark.parametrize("kind,tree", [
+    ("eagle3", None),
+    pytest.param("eagle1", TREE, marks=pytest.mark.slow),
+    pytest.param("mtp", DynamicTree(6, 3, 2), marks=pytest.mark.slow)])
 def test_the_head_cache_after_commits_equals_one_built_from_scratch(tiny_lm, kind, tree):
     """After several verify/commit rounds (rows accepting different numbers of drafts,
     rejected drafts left in scratch slots), the head's cache holds exactly the pairs of the
@@ -75,6 +77,7 @@ def test_the_head_cache_after_commits_equals_one_built_from_scratch(tiny_lm, kin
                                rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_chain_drafts_follow_the_head_run_step_by_step(tiny_lm):
     """A greedy chain proposal equals feeding the head its own argmax one token at a time."""
     from specjax.drafters.base import DraftContext

@@ -42,6 +42,7 @@ def test_untrained_heads_are_the_targets_own_head(tiny_lm):
         np.testing.assert_allclose(heads[:, :, head], logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_after_each_commit_the_heads_read_the_hidden_state_of_the_last_token_producer(tiny_lm):
     """The hidden state kept is the target's at position length - 2 (the one whose
     distribution gave the last committed token), for every row however many drafts it
