@@ -38,13 +38,17 @@ def feature_head_config(method: str, target_config: TransformerConfig) -> Featur
 
 
 def create_head(method: str, target: specjax.CausalLM, target_config: TransformerConfig, *,
-                seed: int = 0, medusa_heads: int = 4, draft_method: str | None = None):
-    """An untrained drafter of `method` (see METHODS) on `target`."""
+                seed: int = 0, medusa_heads: int = 4, draft_method: str | None = None,
+                draft_vocab=None):
+    """An untrained drafter of `method` (see METHODS) on `target`; `draft_vocab` (target
+    ids) gives an EAGLE/MTP head a reduced draft vocabulary."""
     embedding, lm_head = embedding_and_head(target)
     if method == "medusa":
+        if draft_vocab is not None:
+            raise ValueError("a reduced draft vocabulary is for eagle / eagle3 / mtp heads")
         return Medusa.create(medusa_heads, lm_head, draft_method or "greedy")
     return Eagle.create(feature_head_config(method, target_config), embedding, lm_head,
-                        jax.random.key(seed), draft_method or "sample")
+                        jax.random.key(seed), draft_method or "sample", draft_vocab)
 
 
 def load_head_for(directory: str | Path, target: specjax.CausalLM,

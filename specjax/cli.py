@@ -748,8 +748,16 @@ def _train_drafter(args) -> int:
     started = time.perf_counter()
     train, heldout = _drafter_data(args, target, corpus, out)
     data_seconds = time.perf_counter() - started
+    draft_vocab = None
+    if args.draft_vocab is not None:
+        from specjax.drafters.eagle import most_frequent_tokens
+
+        if args.method == "medusa" or args.draft_vocab < 1:
+            raise CliError("--draft-vocab takes a positive size, for eagle / eagle3 / mtp")
+        draft_vocab = most_frequent_tokens(train, args.draft_vocab)
+        _say(f"draft vocabulary: the {len(draft_vocab)} most frequent ids of the data")
     drafter = create_head(args.method, target, target_config, seed=args.seed,
-                          medusa_heads=args.medusa_heads)
+                          medusa_heads=args.medusa_heads, draft_vocab=draft_vocab)
     _say(f"training a {args.method} drafter ({_num_params(drafter) / 1e6:.2f}M params; the "
          "target's embedding and LM head are shared and frozen)")
     held = [heldout[i * args.batch_size:(i + 1) * args.batch_size]
@@ -985,6 +993,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="training-time-test steps for eagle3 / mtp (default: 4)")
     td.add_argument("--medusa-heads", type=int, default=4,
                     help="Medusa heads (drafting depth; default: %(default)s)")
+    td.add_argument("--draft-vocab", type=int, default=None,
+                    help="EAGLE-3's reduced draft vocabulary: score only the N most frequent "
+                         "ids of the generated data (cheaper draft forwards for a large "
+                         "vocabulary; other ids get draft probability 0; default: all)")
     _add_training(td, steps=1500, lr=3e-3)
     td.set_defaults(seq_len=128, eval_batches=2, checkpoint_every=250, eval_every=250,
                     warmup_steps=50)

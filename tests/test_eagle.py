@@ -155,6 +155,42 @@ def test_save_and_load_round_trip(tiny_lm, tmp_path):
         Eagle.load(tmp_path / "nothing", embedding, lm_head)
 
 
+def test_a_reduced_draft_vocabulary_drafts_only_its_ids(tiny_lm, tmp_path):
+    """EAGLE-3's draft vocabulary: the head scores only those ids (through those rows of
+    the LM head), every draft comes from it, q is 0 elsewhere, and it survives save/load."""
+    from specjax.drafters.eagle import most_frequent_tokens
+
+    embedding, lm_head = specjax_models.embedding_and_head(tiny_lm)
+    vocab = np.asarray([1, 3, 4, 9, 17, 30])
+    drafter = Eagle.create(make_head(tiny_lm, "eagle3").config, embedding, lm_head,
+                           jax.random.key(2), "sample", vocab)
+    assert drafter.lm_head.shape == (6, 64)
+    out = specjax.speculative_generate(tiny_lm, drafter, [[1, 2, 3], [5, 6, 7, 8]],
+                                       max_new_tokens=16, num_draft_tokens=3,
+                                       sampling=SamplingConfig(temperature=1.0),
+                                       key=jax.random.key(0))
+    assert out.stats.acceptance_rate > 0
+    from specjax.drafters.base import DraftContext
+
+    state = drafter.init(jnp.asarray([[1, 2, 3]]), jnp.asarray([3]), 16,
+                         features=jnp.ones((1, 3, 3, 64)))
+    _, proposal = drafter.propose(state, DraftContext(jnp.zeros((1, 16), jnp.int32),
+                                                      jnp.asarray([3])),
+                                  jax.random.key(1), num_draft_tokens=4,
+                                  sampling=SamplingConfig(temperature=1.0), vocab_size=32)
+    assert set(np.asarray(proposal.tokens).ravel()) <= set(vocab.tolist())
+    outside = np.setdiff1d(np.arange(32), vocab)
+    assert np.all(np.asarray(proposal.q)[..., outside] == 0)
+    drafter.save(tmp_path / "head")
+    loaded = Eagle.load(tmp_path / "head", embedding, lm_head)
+    np.testing.assert_array_equal(np.asarray(loaded.draft_vocab), vocab)
+    np.testing.assert_array_equal(np.asarray(loaded.lm_head), np.asarray(lm_head)[vocab])
+    assert "draft_vocab" not in loaded.params
+    np.testing.assert_array_equal(most_frequent_tokens([[5, 5, 2, 7, 7, 7, 1]], 2), [5, 7])
+    with pytest.raises(ValueError, match="draft_vocab must hold ids"):
+        Eagle.create(drafter.config, embedding, lm_head, jax.random.key(0), "sample", [40])
+
+
 def test_the_head_is_a_pytree_whose_leaves_are_arrays(tiny_lm):
     drafter = make_head(tiny_lm, "mtp")
     leaves, treedef = jax.tree.flatten(drafter)

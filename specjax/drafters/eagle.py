@@ -88,6 +88,10 @@ class Eagle:
     params: the head's trainable parameters (`feature_head.init_head_params`).
     embedding / lm_head: the target's token embedding and LM head, both [V, D] (frozen;
       `specjax_models.embedding_and_head(target)` returns them).
+    draft_vocab: optional int32 [V'] target ids (EAGLE-3's reduced draft vocabulary): the
+      head then scores only those ids, through the rows `lm_head[draft_vocab]`, which is
+      V / V' times cheaper per draft forward for a large vocabulary; every other id gets
+      draft probability 0 (q is exactly the distribution drawn from, so still exact).
     config: the head's static shape. method: "sample" (draft from the head's warped
       distribution, q = that distribution) or "greedy" (argmax, one-hot q); trees use
       sampled or top-k children likewise, dynamic trees always top-k.
@@ -98,6 +102,7 @@ class Eagle:
     lm_head: Array
     config: FeatureHeadConfig = dataclasses.field(metadata={"static": True})
     method: str = dataclasses.field(default="sample", metadata={"static": True})
+    draft_vocab: Array | None = None
 
     reads_target_features: ClassVar[bool] = True
     drafts_trees: ClassVar[bool] = True
@@ -116,10 +121,13 @@ class Eagle:
 
     @classmethod
     def create(cls, config: FeatureHeadConfig, embedding: Array, lm_head: Array, key: Array,
-               method: str = "sample") -> Eagle:
-        """A randomly initialised head (train it with `specjax.training.train_head`)."""
-        return cls(init_head_params(config, key), jnp.asarray(embedding),
-                   jnp.asarray(lm_head), config, method)
+               method: str = "sample", draft_vocab=None) -> Eagle:
+        """A randomly initialised head (train it with `specjax.training.train_head`).
+        `lm_head` is the target's full [V, D] head; with `draft_vocab` (target ids) the head
+        keeps only those rows."""
+        lm_head, draft_vocab = _restrict(jnp.asarray(lm_head), draft_vocab)
+        return cls(init_head_params(config, key), jnp.asarray(embedding), lm_head, config,
+                   method, draft_vocab)
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -133,9 +141,11 @@ class Eagle:
 
     # -- saving ------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:
-        """Write `head.json` (kind, config) and `head.npz` (float32 parameters); the target's
-        embedding and LM head are not saved (the head is loaded onto its target)."""
-        save_head(directory, "eagle", self.config.to_dict(), self.params)
+        """Write `head.json` (kind, config) and `head.npz` (float32 parameters, and the draft
+        vocabulary if any); the target's embedding and LM head are not saved (the head is
+        loaded onto its target)."""
+        extra = {} if self.draft_vocab is None else {DRAFT_VOCAB_KEY: self.draft_vocab}
+        save_head(directory, "eagle", self.config.to_dict(), {**self.params, **extra})
 
     @classmethod
     def load(cls, directory: str | Path, embedding: Array, lm_head: Array,
@@ -144,12 +154,20 @@ class Eagle:
         if kind != "eagle":
             raise ValueError(f"{directory} holds a {kind} head, not an EAGLE/MTP head; load "
                              f"it with specjax.drafters.{kind.capitalize()}.load")
-        return cls(params, jnp.asarray(embedding), jnp.asarray(lm_head),
-                   FeatureHeadConfig.from_dict(config), method)
+        draft_vocab = params.pop(DRAFT_VOCAB_KEY, None)
+        lm_head, draft_vocab = _restrict(jnp.asarray(lm_head), draft_vocab)
+        return cls(params, jnp.asarray(embedding), lm_head, FeatureHeadConfig.from_dict(config),
+                   method, draft_vocab)
 
     # -- host-side checks --------------------------------------------------------------------
     def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
-        for name in ("embedding", "lm_head"):
+        if self.draft_vocab is not None:
+            ids = np.asarray(self.draft_vocab)
+            if ids.size and (ids.min() < 0 or ids.max() >= target.vocab_size):
+                raise ValueError(f"the head's draft_vocab holds ids outside the target's "
+                                 f"vocabulary [0, {target.vocab_size})")
+        for name in ("embedding",) if self.draft_vocab is not None else ("embedding",
+                                                                          "lm_head"):
             rows = getattr(self, name).shape[0]
             if rows != target.vocab_size:
                 raise ValueError(f"the head's {name} has {rows} rows but the target's "
@@ -174,7 +192,12 @@ class Eagle:
         return out_BTD, keys, values
 
     def _logits(self, out: Array) -> Array:
-        return head_logits(self.params, self.config, self.lm_head, out)
+        """Float32 logits over the target's vocabulary (-inf outside a draft vocabulary)."""
+        logits = head_logits(self.params, self.config, self.lm_head, out)
+        if self.draft_vocab is None:
+            return logits
+        full = jnp.full(logits.shape[:-1] + (self.embedding.shape[0],), -jnp.inf, jnp.float32)
+        return full.at[..., self.draft_vocab].set(logits)
 
     def init(self, prompt_tokens_BP: Array, prompt_lengths_B: Array, capacity: int, *,
              features: Array) -> EagleState:
@@ -332,6 +355,30 @@ class Eagle:
             (state.keys, state.values, empty_B0D))
         return (dataclasses.replace(state, keys=keys, values=values),
                 Proposal(tokens=tokens_BN, q=None, parents=parents_BN))
+
+
+DRAFT_VOCAB_KEY = "draft_vocab"
+
+
+def _restrict(lm_head_VD: Array, draft_vocab) -> tuple[Array, Array | None]:
+    """`(lm_head rows, draft_vocab int32)` for a draft vocabulary of target ids (sorted,
+    unique), or the full head and None."""
+    if draft_vocab is None:
+        return lm_head_VD, None
+    ids = np.unique(np.asarray(draft_vocab, np.int64))
+    if ids.size < 1 or ids.min() < 0 or ids.max() >= lm_head_VD.shape[0]:
+        raise ValueError(f"draft_vocab must hold ids in [0, {lm_head_VD.shape[0]}) (the "
+                         "target's LM head rows)")
+    ids = jnp.asarray(ids, jnp.int32)
+    return lm_head_VD[ids], ids
+
+
+def most_frequent_tokens(tokens, size: int) -> np.ndarray:
+    """The `size` most frequent ids in `tokens` (ties: the smaller id), sorted: EAGLE-3's
+    draft vocabulary, chosen from the training data."""
+    counts = np.bincount(np.asarray(tokens).reshape(-1))
+    order = np.lexsort((np.arange(counts.size), -counts))
+    return np.sort(order[:min(size, counts.size)])
 
 
 def save_head(directory: str | Path, kind: str, config: dict, params: dict) -> None:

@@ -41,7 +41,6 @@ from specjax.drafters.feature_head import (
     finish_block,
     fuse_features,
     head_inputs,
-    head_logits,
     project_qkv,
 )
 from specjax.drafters.medusa import Medusa, medusa_logits
@@ -93,7 +92,10 @@ def target_outputs(target: CausalLM, tokens_BT, feature_layers: tuple[int, ...])
 
 
 def _soft_cross_entropy(p_BTV, logits_BTV):
-    return -jnp.sum(p_BTV * jax.nn.log_softmax(logits_BTV, axis=-1), axis=-1)
+    """-sum_x p(x) log q(x) over the ids the draft can produce (a reduced draft vocabulary
+    gives the others logit -inf; their target mass is what the draft gives up)."""
+    log_q = jax.nn.log_softmax(logits_BTV, axis=-1)
+    return -jnp.sum(jnp.where(jnp.isfinite(log_q), p_BTV * log_q, 0.0), axis=-1)
 
 
 def _acceptance(p_BTV, logits_BTV):
@@ -165,13 +167,16 @@ def _eagle_terms(drafter: Eagle, target: CausalLM, tokens_BT, config: HeadTrainC
     index_T = jnp.arange(length)
     terms = []
     for step, out_BTD in enumerate(outputs):
-        logits_BTV = head_logits(drafter.params, drafter.config, drafter.lm_head, out_BTD)
+        logits_BTV = drafter._logits(out_BTD)  # -inf outside a reduced draft vocabulary
         valid_BT = jnp.broadcast_to(index_T >= step, tokens_BT.shape)
         accept = _masked_mean(_acceptance(p_BTV, logits_BTV), valid_BT)
         if config.method == "mtp":
             hard_BT = -jnp.take_along_axis(jax.nn.log_softmax(logits_BTV[:, :-1], axis=-1),
                                            tokens_BT[:, 1:, None], axis=-1)[..., 0]
-            loss = _masked_mean(hard_BT, valid_BT[:, :-1])
+            # Tokens a reduced draft vocabulary cannot produce carry no loss.
+            reachable_BT = jnp.isfinite(hard_BT)
+            loss = _masked_mean(jnp.where(reachable_BT, hard_BT, 0.0),
+                                valid_BT[:, :-1] & reachable_BT)
         else:
             loss = _masked_mean(_soft_cross_entropy(p_BTV, logits_BTV), valid_BT)
             if config.method == "eagle":
