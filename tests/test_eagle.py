@@ -155,6 +155,7 @@ def test_save_and_load_round_trip(tiny_lm, tmp_path):
         Eagle.load(tmp_path / "nothing", embedding, lm_head)
 
 
+@pytest.mark.slow
 def test_a_reduced_draft_vocabulary_drafts_only_its_ids(tiny_lm, tmp_path):
     """EAGLE-3's draft vocabulary: the head scores only those ids (through those rows of
     the LM head), every draft comes from it, q is 0 elsewhere, and it survives save/load."""

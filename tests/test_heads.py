@@ -21,6 +21,7 @@ def small_head(lm, kind, seed=0) -> Eagle:
     return head.with_params(jax.tree.map(lambda x: 5.0 * x if x.ndim == 2 else x, head.params))
 
 
+@pytest.mark.slow
 def test_training_time_test_matches_drafting_step_by_step(tiny_lm):
     """Unrolled step j at position t equals what drafting computes: the teacher pairs up to
     t - j in the cache, then j pairs fed one at a time, each with the previous output as
@@ -106,6 +107,7 @@ def test_a_reduced_draft_vocabulary_trains(tiny_lm, distilled_data):
         assert last["loss"] < first["loss"] and 0 < last["acceptance@1"] < 1
 
 
+@pytest.mark.slow
 def test_a_resumed_run_is_bit_identical(tiny_lm, distilled_data, tmp_path):
     drafter = small_head(tiny_lm, "eagle3", seed=2)
     config = HeadTrainConfig(method="eagle3", unroll=2)
