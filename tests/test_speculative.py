@@ -422,6 +422,7 @@ def test_a_draft_identical_to_the_target_accepts_a_full_depth_path_every_step(ti
     np.testing.assert_allclose(out.stats.accepted_per_position, [1, 0, 0, 0, 1, 1, 1])
 
 
+@pytest.mark.slow  # keeps the unit suite under 10 minutes
 def test_an_identical_draft_accepts_every_dynamic_tree_to_its_depth(tiny_lm):
     """With top_k = 1 a dynamic tree is the draft's greedy chain: an identical draft is
     accepted to full depth every step. Wider trees accept the target's argmax path as
@@ -520,6 +521,7 @@ class _FeatureRecorder(specjax.PromptLookup):
         return {"init": state["init"], "commit": commit.target_hidden}
 
 
+@pytest.mark.slow  # keeps the unit suite under 10 minutes
 def test_feature_drafters_get_the_prefill_and_verify_features(tiny_lm):
     """A drafter asking for layers (0, 1) gets, without extra forwards, the prompt's
     features at init and the verified positions' features at each commit: both equal a

@@ -8,6 +8,7 @@ import specjax
 from specjax.testing import perturbed
 
 
+@pytest.mark.slow  # keeps the unit suite under 10 minutes
 def test_merging_runs_equals_one_batched_run(tiny_lm):
     """Stats of prompts decoded one at a time, merged, equal the stats of the same prompts
     decoded as one batch (greedy: the same tokens either way)."""
