@@ -3,7 +3,7 @@ byte-level tokenizer and the bundled pair."""
 
 from specjax_models.bundled import DRAFT_CONFIG, TARGET_CONFIG, bundled_prompts, load_bundled
 from specjax_models.checkpoint import load_checkpoint, load_config, save_checkpoint
-from specjax_models.gguf import from_gguf, gguf_tokenizer, smollm2_path
+from specjax_models.gguf import from_gguf, gguf_config, gguf_tokenizer, smollm2_path
 from specjax_models.hf import from_pretrained, load_tokenizer, save_pretrained
 from specjax_models.tokenizer import ByteTokenizer
 from specjax_models.transformer import (
@@ -28,6 +28,7 @@ __all__ = [
     "first_layers",
     "from_gguf",
     "from_pretrained",
+    "gguf_config",
     "gguf_tokenizer",
     "load_bundled",
     "load_checkpoint",

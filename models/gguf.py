@@ -162,6 +162,13 @@ def _dequantize(tensor) -> np.ndarray:
     return np.asarray(array, np.float32).reshape(shape)
 
 
+def gguf_config(path: str | Path, dtype=None) -> TransformerConfig:
+    """The `TransformerConfig` of a GGUF file (what `from_gguf` builds), without loading
+    its weights."""
+    reader = _reader(path)
+    return config_from_gguf(_metadata(reader), {t.name for t in reader.tensors}, dtype)
+
+
 def from_gguf(path: str | Path, dtype=None, scan_layers: bool = False) -> specjax.CausalLM:
     """Load a GGUF file (Llama or Qwen2 architecture) as a `specjax.CausalLM`.
 

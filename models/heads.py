@@ -20,9 +20,11 @@ HEAD_KINDS = {"eagle": "eagle1", "eagle3": "eagle3", "mtp": "mtp"}
 METHODS = ("medusa", "eagle", "eagle3", "mtp")
 
 
-def feature_head_config(method: str, target_config: TransformerConfig) -> FeatureHeadConfig:
+def feature_head_config(method: str, target_config: TransformerConfig, *,
+                        feature_norm: bool = False) -> FeatureHeadConfig:
     """The head of `method` ("eagle", "eagle3" or "mtp") for a target of this shape: one
-    block of the target's width, heads and MLP size; eagle3 reads layers 2, L // 2, L - 3."""
+    block of the target's width, heads and MLP size; eagle3 reads layers 2, L // 2, L - 3.
+    feature_norm: see `FeatureHeadConfig` (eagle / eagle3)."""
     if method not in HEAD_KINDS:
         raise ValueError(f"method must be one of {tuple(HEAD_KINDS)} for a feature head "
                          f"(Medusa has no block), got {method!r}")
@@ -34,20 +36,25 @@ def feature_head_config(method: str, target_config: TransformerConfig) -> Featur
                              d_ff=target_config.d_ff, feature_layers=layers,
                              head_dim=target_config.head_dim,
                              rope_theta=target_config.rope_theta,
-                             rms_norm_eps=target_config.rms_norm_eps)
+                             rms_norm_eps=target_config.rms_norm_eps,
+                             feature_norm=feature_norm)
 
 
 def create_head(method: str, target: specjax.CausalLM, target_config: TransformerConfig, *,
                 seed: int = 0, medusa_heads: int = 4, draft_method: str | None = None,
-                draft_vocab=None):
+                draft_vocab=None, feature_norm: bool = False):
     """An untrained drafter of `method` (see METHODS) on `target`; `draft_vocab` (target
-    ids) gives an EAGLE/MTP head a reduced draft vocabulary."""
+    ids) gives an EAGLE/MTP head a reduced draft vocabulary; `feature_norm` normalises an
+    EAGLE head's feature input (see `FeatureHeadConfig`)."""
     embedding, lm_head = embedding_and_head(target)
     if method == "medusa":
         if draft_vocab is not None:
             raise ValueError("a reduced draft vocabulary is for eagle / eagle3 / mtp heads")
         return Medusa.create(medusa_heads, lm_head, draft_method or "greedy")
-    return Eagle.create(feature_head_config(method, target_config), embedding, lm_head,
+    if feature_norm and method not in ("eagle", "eagle3"):
+        raise ValueError(f"feature_norm is for eagle / eagle3 heads, not {method!r}")
+    return Eagle.create(feature_head_config(method, target_config, feature_norm=feature_norm),
+                        embedding, lm_head,
                         jax.random.key(seed), draft_method or "sample", draft_vocab)
 
 

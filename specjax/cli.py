@@ -728,7 +728,23 @@ def _drafter_data(args, target, corpus, out):
     return train, heldout
 
 
+# Per-model defaults of the train-drafter options left unset (bundled, smollm2).
+DRAFTER_TRAINING_DEFAULTS = {
+    "bundled": {"steps": 1500, "batch_size": 32, "learning_rate": 3e-3, "warmup_steps": 50,
+                "checkpoint_every": 250, "eval_every": 250, "log_every": 25, "seq_len": 128,
+                "data_temperature": 1.0},
+    "smollm2": {"steps": 600, "batch_size": 16, "learning_rate": 1e-3, "warmup_steps": 30,
+                "checkpoint_every": 25, "eval_every": 50, "log_every": 5, "seq_len": 256,
+                "data_temperature": 0.7},
+}
+
+
 def _train_drafter(args) -> int:
+    for name, value in DRAFTER_TRAINING_DEFAULTS[args.model].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.model == "smollm2":
+        return _train_chat_drafter(args)
     train_config = _train_config(args)
     _check_dir(args.target, "--target")
     import time
@@ -791,6 +807,80 @@ def _train_drafter(args) -> int:
     shown = ", ".join(f"{k} {v:.3f}" for k, v in acceptance.items())
     print(f"trained {steps} steps; held-out expected acceptance at t=1: {shown}; saved to "
           f"{out}")
+    return 0
+
+
+def _train_chat_drafter(args) -> int:
+    """train-drafter --model smollm2: an EAGLE-3 head from SmolLM2's own chat answers,
+    the target's outputs cached once (specjax_models.chat_head)."""
+    if args.method != "eagle3":
+        raise CliError(f"--model smollm2 trains an EAGLE-3 head (--method eagle3); "
+                       f"{args.method} heads train on the bundled target only")
+    if args.target:
+        raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
+                       "loads SmolLM2 itself")
+    for name in ("chat_prompts", "rewrite_prompts"):
+        if getattr(args, name) < 0:
+            raise CliError(f"--{name.replace('_', '-')} must be >= 0")
+    if args.chat_prompts < 1 or args.rewrite_prompts > args.chat_prompts:
+        raise CliError("--chat-prompts must be >= 1 and --rewrite-prompts at most "
+                       "--chat-prompts (each rewrite quotes a first answer)")
+    if args.draft_vocab is not None and args.draft_vocab < 1:
+        raise CliError("--draft-vocab takes a positive size")
+    import dataclasses
+    import platform
+    import time
+    from pathlib import Path
+
+    import jax
+
+    import specjax_models
+    from specjax_models.chat_head import (
+        ChatDataConfig,
+        prepare_chat_data,
+        smollm2_feature_layers,
+        train_chat_head,
+    )
+
+    out = Path(args.out)
+    work = Path(args.work) if args.work else out / "work"
+    target, tokenizer = _smollm2()
+    target_config = specjax_models.gguf_config(specjax_models.smollm2_path())
+    data_config = ChatDataConfig(chat=args.chat_prompts, rewrite=args.rewrite_prompts,
+                                 length=args.seq_len, temperature=args.data_temperature,
+                                 seed=args.seed)
+    settings = work / "settings.json"
+    wanted = json.dumps(dataclasses.asdict(data_config), sort_keys=True)
+    if settings.exists() and settings.read_text() != wanted:
+        raise CliError(f"{work} holds data generated with other settings ({settings}); use "
+                       "another --work or delete it")
+    work.mkdir(parents=True, exist_ok=True)
+    settings.write_text(wanted)
+    _say(f"answers and target outputs (resumable, in {work}/chunks; progress in "
+         f"{work}/log.txt)...")
+    started = time.perf_counter()
+    prepare_chat_data(target, tokenizer, work, smollm2_feature_layers(target_config),
+                      data_config)
+    data_seconds = time.perf_counter() - started
+    _say(f"training an EAGLE-3 head (draft vocabulary {args.draft_vocab or 'full'}; the "
+         "target's embedding and LM head shared and frozen)")
+    metadata = train_chat_head(target, target_config, work, out,
+                               train_config=_train_config(args),
+                               draft_vocab=args.draft_vocab or None,
+                               batch_size=args.batch_size,
+                               heldout_rows=args.eval_batches * args.batch_size,
+                               unroll=args.unroll or 4, seed=args.seed,
+                               max_seconds=args.max_seconds)
+    metadata.update({
+        "data_seconds_this_run": round(data_seconds, 1),
+        "device": f"{jax.devices()[0].platform} ({platform.processor() or platform.machine()}, "
+                  f"{os.cpu_count()} cores)",
+        "command": "specjax " + " ".join(sys.argv[1:])})
+    (out / "metadata.json").write_text(json.dumps(metadata, indent=1) + "\n")
+    last = metadata["last_eval"] or {}
+    shown = ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k.startswith("acceptance@"))
+    print(f"trained {metadata['steps_done']} steps; held-out expected acceptance at t=1 "
+          f"(over the target's top-32 mass): {shown or 'not evaluated yet'}; saved to {out}")
     return 0
 
 
@@ -975,20 +1065,39 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Train a feature drafter on the target's own "
                         "continuations of corpus prompts (generated once, cached in "
                         "OUT/data.npz), the target frozen inside each step; resumable orbax "
-                        "checkpoints, held-out expected acceptance per draft depth.")
+                        "checkpoints, held-out expected acceptance per draft depth. With "
+                        "--model smollm2: an EAGLE-3 head on SmolLM2's answers, its outputs "
+                        "cached once. Options left unset take per-model defaults: bundled "
+                        "--steps 1500 --batch-size 32 --learning-rate 3e-3 --seq-len 128 "
+                        "--checkpoint-every 250 --eval-every 250; smollm2 --steps 600 "
+                        "--batch-size 16 --learning-rate 1e-3 --seq-len 256 "
+                        "--checkpoint-every 25 --eval-every 50.")
     td.add_argument("--method", choices=["medusa", "eagle", "eagle3", "mtp"], required=True,
                     help="medusa: heads on the last hidden state; eagle: EAGLE-1 (feature "
                          "regression); eagle3: EAGLE-3 (three fused layers, training-time "
                          "test); mtp: a DeepSeek-V3 MTP module reused recursively")
+    td.add_argument("--model", choices=["bundled", "smollm2"], default="bundled",
+                    help="bundled: the byte-level target (or --target); smollm2: "
+                         "SmolLM2-135M-Instruct (eagle3 only), trained on its own answers "
+                         "to chat and rewrite prompts written for this project, its outputs "
+                         "cached once in --work (default: %(default)s)")
     td.add_argument("--target", default=None,
                     help="target checkpoint directory (default: the bundled target)")
+    td.add_argument("--work", default=None,
+                    help="smollm2: where the answers and cached target outputs go "
+                         "(default: OUT/work; reused by a rerun)")
+    td.add_argument("--chat-prompts", type=int, default=768,
+                    help="smollm2: chat prompts the target answers (default: %(default)s)")
+    td.add_argument("--rewrite-prompts", type=int, default=256,
+                    help="smollm2: rewrite prompts quoting its first answers "
+                         "(default: %(default)s)")
     td.add_argument("--sequences", type=int, default=2048,
                     help="training continuations to generate (default: %(default)s)")
     td.add_argument("--prompt-len", type=int, default=32,
                     help="corpus tokens before each continuation (default: %(default)s)")
-    td.add_argument("--data-temperature", type=float, default=1.0,
+    td.add_argument("--data-temperature", type=float, default=None,
                     help="the target samples its continuations at this temperature "
-                         "(default: %(default)s)")
+                         "(default: 1.0 bundled, 0.7 smollm2)")
     td.add_argument("--unroll", type=int, default=None,
                     help="training-time-test steps for eagle3 / mtp (default: 4)")
     td.add_argument("--medusa-heads", type=int, default=4,
@@ -998,8 +1107,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "ids of the generated data (cheaper draft forwards for a large "
                          "vocabulary; other ids get draft probability 0; default: all)")
     _add_training(td, steps=1500, lr=3e-3)
-    td.set_defaults(seq_len=128, eval_batches=2, checkpoint_every=250, eval_every=250,
-                    warmup_steps=50)
+    # Unset options take per-model defaults (DRAFTER_TRAINING_DEFAULTS); seq_len is the
+    # bundled windows' length or SmolLM2's prompt + answer rows.
+    td.set_defaults(seq_len=None, eval_batches=2, steps=None, batch_size=None,
+                    learning_rate=None, warmup_steps=None, checkpoint_every=None,
+                    eval_every=None, log_every=None)
     return parser
 
 

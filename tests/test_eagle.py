@@ -133,6 +133,36 @@ def test_head_config_errors_name_the_fix():
     with pytest.raises(ValueError, match="multiple of"):
         FeatureHeadConfig(kind="mtp", d_model=64, num_heads=3, num_kv_heads=2, d_ff=96,
                           head_dim=16)
+    with pytest.raises(ValueError, match="always normalises"):
+        FeatureHeadConfig(kind="mtp", d_model=64, num_heads=4, num_kv_heads=2, d_ff=96,
+                          feature_norm=True)
+
+
+def test_feature_norm_makes_the_head_blind_to_the_feature_scale(tiny_lm, tmp_path):
+    """feature_norm (EAGLE-3's hidden_norm): scaling the target's features leaves the head's
+    input unchanged (without it, the input moves); the flag survives save/load."""
+    from specjax.drafters.feature_head import fuse_features, head_inputs
+
+    embedding, lm_head = specjax_models.embedding_and_head(tiny_lm)
+    tokens = jnp.asarray([[1, 5, 7, 2]])
+    hidden = jax.random.normal(jax.random.key(0), (1, 4, 3, 64))
+    for norm in (True, False):
+        config = FeatureHeadConfig(kind="eagle3", d_model=64, num_heads=4, num_kv_heads=2,
+                                   d_ff=96, feature_layers=(0, 1), feature_norm=norm)
+        head = Eagle.create(config, embedding, lm_head, jax.random.key(1))
+        inputs = [head_inputs(head.params, config, embedding, tokens,
+                              fuse_features(head.params, config, scale * hidden))
+                  for scale in (1.0, 50.0)]
+        close = np.allclose(np.asarray(inputs[0]), np.asarray(inputs[1]), rtol=1e-3, atol=1e-4)
+        assert close == norm
+    head.with_params(head.params).save(tmp_path / "plain")
+    normed = Eagle.create(dataclasses.replace(config, feature_norm=True), embedding, lm_head,
+                          jax.random.key(1))
+    normed.save(tmp_path / "normed")
+    for name, expected in (("plain", False), ("normed", True)):
+        loaded = Eagle.load(tmp_path / name, embedding, lm_head)
+        assert loaded.config.feature_norm is expected
+        assert ("feature_norm" in loaded.params) is expected
 
 
 def test_a_dynamic_tree_wider_than_the_scratch_room_is_refused(tiny_lm):

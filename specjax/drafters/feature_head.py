@@ -51,6 +51,7 @@ class FeatureHeadConfig:
     head_dim: int | None = None
     rope_theta: float = 10_000.0
     rms_norm_eps: float = 1e-5
+    feature_norm: bool = False
 
     def __post_init__(self):
         if self.kind not in HEAD_KINDS:
@@ -59,6 +60,9 @@ class FeatureHeadConfig:
         if self.kind == "eagle3" and not self.feature_layers:
             raise ValueError("an eagle3 head fuses target layers: pass feature_layers (e.g. "
                              "specjax.drafters.eagle3_feature_layers(num_target_layers))")
+        if self.kind == "mtp" and self.feature_norm:
+            raise ValueError("an mtp head always normalises its feature; feature_norm is for "
+                             "eagle1 and eagle3 heads")
         if self.kind != "eagle3" and self.feature_layers:
             raise ValueError(f"a {self.kind} head reads the target's final hidden state only; "
                              "feature_layers is for kind='eagle3'")
@@ -109,6 +113,8 @@ def init_head_params(config: FeatureHeadConfig, key: Array) -> dict:
         params["feature_norm"] = jnp.ones((d,), jnp.float32)
     else:
         params["fc_bias"] = jnp.zeros((d,), jnp.float32)
+        if config.feature_norm:
+            params["feature_norm"] = jnp.ones((d,), jnp.float32)
     return params
 
 
@@ -164,6 +170,8 @@ def head_inputs(params: dict, config: FeatureHeadConfig, embedding_VD: Array,
                                   rms_norm(features_BTD, params["feature_norm"],
                                            config.rms_norm_eps)], axis=-1)
         return joined @ params["proj"]
+    if config.feature_norm:
+        features_BTD = rms_norm(features_BTD, params["feature_norm"], config.rms_norm_eps)
     joined = jnp.concatenate([embedded_BTD, features_BTD], axis=-1)
     return joined @ params["fc"] + _lead(params["fc_bias"], joined.ndim)
 

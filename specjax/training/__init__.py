@@ -16,22 +16,28 @@ The package is split by concept: `config` (TrainConfig, DistillConfig), `losses`
 (next-token cross-entropy, DistillSpec divergences), `checkpoints` (orbax manager and the
 metrics history file, which together make a run resumable), `progress` (the live line)
 and `loop` (the shared optimisation loop, `train` and `distill`), `heads` (feature
-drafters: Medusa, EAGLE-1, EAGLE-3 and MTP heads, by self-distillation, `train_head`).
+drafters: Medusa, EAGLE-1, EAGLE-3 and MTP heads, by self-distillation, `train_head`;
+`train_head_cached` on target outputs cached once, for targets too costly per step).
 """
 
 from specjax.training.config import DIVERGENCES, DistillConfig, TrainConfig
 from specjax.training.heads import (
     HEAD_METHODS,
     HeadTrainConfig,
+    cache_target_outputs,
+    draft_label_index,
     head_acceptance,
     head_loss,
     self_distillation_data,
     train_head,
+    train_head_cached,
 )
 from specjax.training.loop import BatchFn, TrainResult, distill, train
 from specjax.training.losses import distill_loss, next_token_loss
 from specjax.training.progress import Progress
 
 __all__ = ["DIVERGENCES", "HEAD_METHODS", "BatchFn", "DistillConfig", "HeadTrainConfig",
-           "Progress", "TrainConfig", "TrainResult", "distill", "distill_loss", "head_acceptance",
-           "head_loss", "next_token_loss", "self_distillation_data", "train", "train_head"]
+           "Progress", "TrainConfig", "TrainResult", "cache_target_outputs", "distill",
+           "distill_loss", "draft_label_index", "head_acceptance", "head_loss",
+           "next_token_loss", "self_distillation_data", "train", "train_head",
+           "train_head_cached"]

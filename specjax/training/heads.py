@@ -19,6 +19,12 @@ Losses, float32, averaged over valid positions:
   own chain), weighted `decay ** j`.
 - mtp: the same unrolled recursion with a hard cross-entropy on the generated tokens.
 
+Cached target outputs (`train_head_cached`, EAGLE-3): for a target too costly to run in
+every step (SmolLM2 on CPU), `cache_target_outputs` runs it once over the data and keeps
+what the head needs: the fused layers' residual streams (float16) and the target's top-k
+next-token probabilities (the soft label, truncated to its k most likely ids; the loss and
+the acceptance estimate then cover that mass only, a lower bound of the full figures).
+
 Held-out acceptance: for the heads, the expected acceptance of the target sampling at
 temperature 1 from the head's distribution at each draft depth, sum_x min(p(x), q(x)),
 reported during training (`acceptance@d`).
@@ -41,6 +47,7 @@ from specjax.drafters.feature_head import (
     finish_block,
     fuse_features,
     head_inputs,
+    head_logits,
     project_qkv,
 )
 from specjax.drafters.medusa import Medusa, medusa_logits
@@ -253,10 +260,11 @@ def self_distillation_data(target: CausalLM, prompts: np.ndarray, new_tokens: in
     return np.concatenate(rows, axis=0).astype(np.int32)
 
 
-def epoch_batches(data: np.ndarray, batch_size: int, seed: int):
+def epoch_batches(data, batch_size: int, seed: int):
     """`step -> int32 [batch, T]`: rows of `data` in a fresh permutation every epoch, a
-    pure function of (seed, step) so resumed runs see the same batches."""
-    rows = len(data)
+    pure function of (seed, step) so resumed runs see the same batches. `data` may be a
+    dict of arrays sharing their first axis (a dict of batches comes back)."""
+    rows = len(next(iter(data.values()))) if isinstance(data, dict) else len(data)
     if rows < batch_size:
         raise ValueError(f"{rows} training sequences cannot fill a batch of {batch_size}")
     per_epoch = rows // batch_size
@@ -264,7 +272,10 @@ def epoch_batches(data: np.ndarray, batch_size: int, seed: int):
     def batch(step: int) -> np.ndarray:
         epoch, index = divmod(step, per_epoch)
         order = np.random.default_rng([seed, epoch]).permutation(rows)
-        return data[order[index * batch_size:(index + 1) * batch_size]]
+        chosen = order[index * batch_size:(index + 1) * batch_size]
+        if isinstance(data, dict):
+            return {key: np.asarray(value[chosen]) for key, value in data.items()}
+        return data[chosen]
 
     return batch
 
@@ -285,3 +296,117 @@ def train_head(drafter, target: CausalLM, data: np.ndarray, config: TrainConfig,
     return _run(drafter, loss_of, lambda step, params: batches(step), config,
                 checkpoint_dir and Path(checkpoint_dir), list(heldout), "train-drafter",
                 progress, max_seconds, aux=target, metrics_of=metrics_of)
+
+
+CACHED_KEYS = ("tokens", "hidden", "label_index", "label_probs", "loss_mask")
+
+
+def cache_target_outputs(target: CausalLM, tokens_BT, feature_layers: tuple[int, ...],
+                         top_k: int) -> dict:
+    """What a head's training needs from the frozen target over whole sequences int32
+    [B, T]: {"hidden": float16 [B, T, F + 1, D] (the residual streams entering
+    `feature_layers`, then the final hidden state; [B, T, D] without feature layers),
+    "top_ids": int32 [B, T, k], "top_probs": float16 [B, T, k]} (the target's k most
+    likely next tokens at temperature 1). Jit it; the float16 hidden states are checked
+    finite by the caller (`np.isfinite`), since a residual stream may exceed float16."""
+    p_BTV, hidden = target_outputs(target, tokens_BT, feature_layers)
+    top_probs, top_ids = jax.lax.top_k(p_BTV, top_k)
+    return {"hidden": hidden.astype(jnp.float16), "top_ids": top_ids.astype(jnp.int32),
+            "top_probs": top_probs.astype(jnp.float16)}
+
+
+def draft_label_index(top_ids: np.ndarray, draft_vocab, vocab_size: int) -> np.ndarray:
+    """The position of each target id in a head's draft vocabulary (the column of its
+    logits), -1 for ids it cannot produce; the ids themselves for a full-vocabulary head."""
+    top_ids = np.asarray(top_ids)
+    if draft_vocab is None:
+        return top_ids.astype(np.int32)
+    column = np.full(vocab_size, -1, np.int32)
+    ids = np.asarray(draft_vocab)
+    column[ids] = np.arange(ids.size, dtype=np.int32)
+    return column[top_ids]
+
+
+def _cached_terms(drafter: Eagle, batch: dict, config: HeadTrainConfig):
+    """EAGLE-3 training-time test on cached target outputs: per unroll step, (soft
+    cross-entropy against the target's top-k, expected acceptance over that mass), averaged
+    over positions whose chain starts inside the loss mask."""
+    tokens_BT = batch["tokens"]
+    features_BTD = fuse_features(drafter.params, drafter.config, batch["hidden"])
+    outputs = unrolled_head(drafter, tokens_BT, features_BTD, config.unroll)
+    index_BTK = batch["label_index"]
+    probs_BTK = batch["label_probs"].astype(jnp.float32)
+    reachable_BTK = index_BTK >= 0
+    mask_BT = batch["loss_mask"].astype(bool)
+    terms = []
+    for step, out_BTD in enumerate(outputs):
+        # Scored over the head's own (possibly reduced) vocabulary: no scatter to V.
+        log_q_BTV = jax.nn.log_softmax(
+            head_logits(drafter.params, drafter.config, drafter.lm_head, out_BTD), axis=-1)
+        log_q_BTK = jnp.take_along_axis(log_q_BTV, jnp.maximum(index_BTK, 0), axis=-1)
+        cross_entropy = -jnp.sum(jnp.where(reachable_BTK, probs_BTK * log_q_BTK, 0.0), -1)
+        accept = jnp.sum(jnp.where(reachable_BTK, jnp.minimum(probs_BTK, jnp.exp(log_q_BTK)),
+                                   0.0), -1)
+        valid_BT = mask_BT & _shift_right(mask_BT, step)
+        terms.append((_masked_mean(cross_entropy, valid_BT), _masked_mean(accept, valid_BT)))
+    return terms
+
+
+def _check_cached(drafter, data: dict, head_config: HeadTrainConfig) -> None:
+    if head_config.method != "eagle3" or not isinstance(drafter, Eagle) \
+            or drafter.config.kind != "eagle3":
+        raise ValueError("training on cached target outputs is for EAGLE-3 heads "
+                         "(method 'eagle3' and an Eagle of kind 'eagle3'); train the others "
+                         "with train_head, which runs the target in every step")
+    missing = [key for key in CACHED_KEYS if key not in data]
+    if missing:
+        raise ValueError(f"cached data lacks {missing}; it needs {CACHED_KEYS}")
+    rows, length = np.shape(data["tokens"])
+    layers = len(drafter.config.feature_layers) + 1
+    expected = {"hidden": (rows, length, layers, drafter.config.d_model),
+                "loss_mask": (rows, length)}
+    for key, shape in expected.items():
+        if tuple(np.shape(data[key])) != shape:
+            raise ValueError(f"cached {key} must have shape {shape} for this head, got "
+                             f"{tuple(np.shape(data[key]))}")
+    if np.shape(data["label_index"]) != np.shape(data["label_probs"]) or \
+            np.shape(data["label_index"])[:2] != (rows, length):
+        raise ValueError("cached label_index and label_probs must both be [N, T, k]")
+    if np.max(data["label_index"]) >= drafter.lm_head.shape[0]:
+        raise ValueError("cached label_index holds columns beyond the head's vocabulary; "
+                         "build it with draft_label_index(top_ids, head.draft_vocab, V)")
+
+
+def train_head_cached(drafter: Eagle, data: dict, config: TrainConfig,
+                      head_config: HeadTrainConfig, *, batch_size: int = 16,
+                      checkpoint_dir: str | Path | None = None, heldout: list[dict] = (),
+                      seed: int = 0, progress: bool = True,
+                      max_seconds: float | None = None) -> TrainResult:
+    """Train an EAGLE-3 `drafter` on cached target outputs: `data` (and each `heldout`
+    batch) a dict of arrays with CACHED_KEYS: tokens int32 [N, T], hidden [N, T, F + 1, D]
+    (from `cache_target_outputs`), label_index int32 [N, T, k] (`draft_label_index`),
+    label_probs [N, T, k], loss_mask bool [N, T] (positions whose next token is drafted
+    at inference: the answer, not the prompt). Same loop, checkpoints and exact resume as
+    `train_head`; the target is not needed."""
+    _check_cached(drafter, data, head_config)
+    for batch in heldout:
+        _check_cached(drafter, batch, head_config)
+
+    def with_shared(model, shared):
+        # The frozen embedding and head come in as arguments, not as program constants.
+        return dataclasses.replace(model, embedding=shared[0], lm_head=shared[1])
+
+    def loss_of(model, batch, shared):
+        terms = _cached_terms(with_shared(model, shared), batch, head_config)
+        weights = [head_config.decay ** i for i in range(len(terms))]
+        return sum(w * loss for w, (loss, _) in zip(weights, terms, strict=True)) / sum(weights)
+
+    def metrics_of(model, batch, shared):
+        terms = _cached_terms(with_shared(model, shared), batch, head_config)
+        return {f"acceptance@{i + 1}": accept for i, (_, accept) in enumerate(terms)}
+
+    batches = epoch_batches(data, batch_size, seed)
+    return _run(drafter, loss_of, lambda step, params: batches(step), config,
+                checkpoint_dir and Path(checkpoint_dir), list(heldout), "train-drafter",
+                progress, max_seconds, aux=(drafter.embedding, drafter.lm_head),
+                metrics_of=metrics_of)

@@ -81,12 +81,13 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
     def evaluate(params) -> float | None:
         if not heldout:
             return None
-        return float(np.mean([float(eval_fn(params, jnp.asarray(b), aux)) for b in heldout]))
+        return float(np.mean([float(eval_fn(params, jax.tree.map(jnp.asarray, b), aux))
+                              for b in heldout]))
 
     def evaluate_metrics(params) -> dict:
         if metrics_fn is None or not heldout:
             return {}
-        values = [metrics_fn(params, jnp.asarray(b), aux) for b in heldout]
+        values = [metrics_fn(params, jax.tree.map(jnp.asarray, b), aux) for b in heldout]
         return {name: float(np.mean([float(v[name]) for v in values])) for name in values[0]}
 
     def record(entry):
@@ -104,8 +105,9 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
     loss_unit = {"train": "loss (nats/token)", "distill": "divergence"}.get(label, "loss")
     for step in range(start, config.steps):
         # `batches(step, params)`: on-policy distillation samples with the current params.
-        params, opt_state, loss, grad_norm = step_fn(params, opt_state,
-                                                     jnp.asarray(batches(step, params)), aux)
+        # A batch is int32 [B, T] tokens, or a dict of arrays (cached target outputs).
+        batch = jax.tree.map(jnp.asarray, batches(step, params))
+        params, opt_state, loss, grad_norm = step_fn(params, opt_state, batch, aux)
         done = step + 1
         if done == start + 1:
             bar.note(f"first step done after {time.perf_counter() - started:.1f} s")

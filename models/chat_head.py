@@ -1,0 +1,258 @@
+"""An EAGLE-3 head for a real chat model (SmolLM2-135M-Instruct from its GGUF file), trained
+on this machine from the model's own answers, with the target run once per sequence.
+
+Three resumable phases in a work directory (each writes its files as it goes, and a
+rerun skips what is on disk):
+
+1. answers: the target answers `chat_prompts` (questions, writing, code) through its chat
+   template, sampled at `temperature` (stage 1); then `rewrite_prompts` ask it to rewrite,
+   summarise or list the points of the first answers (stage 2: answers that copy from the
+   prompt, as rewrite requests do). Each row is prompt + answer (cut at the end-of-turn
+   token), right-padded to `length` tokens.
+2. targets: one forward of the frozen target over each chunk of rows
+   (`specjax.training.cache_target_outputs`): the residual streams the head fuses
+   (float16) and the target's top-k next-token probabilities.
+3. training: `specjax.training.train_head_cached` (orbax checkpoints, exact resume); the
+   draft vocabulary is the `draft_vocab` most frequent answer tokens.
+
+`specjax train-drafter --model smollm2 --method eagle3 --out DIR` runs all three.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import specjax
+from specjax.drafters import eagle3_feature_layers
+from specjax.drafters.eagle import most_frequent_tokens
+from specjax.training import (
+    HeadTrainConfig,
+    TrainConfig,
+    cache_target_outputs,
+    draft_label_index,
+    train_head_cached,
+)
+from specjax_models.bundled import CHECKPOINTS
+from specjax_models.chat_prompts import chat_prompts, rewrite_prompts
+from specjax_models.heads import create_head
+
+# The EAGLE-3 head for SmolLM2-135M-Instruct shipped with the package (see its MODEL_CARD).
+SMOLLM2_HEAD = CHECKPOINTS / "smollm2_eagle3"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChatDataConfig:
+    """chat / rewrite: how many prompts of each stage. length: tokens per row (prompt +
+    answer; longer prompts are skipped, answers are cut). rewrite_text_tokens: the most
+    tokens of a first-stage answer quoted in a rewrite prompt. top_k: target probabilities
+    kept per position. chunk: rows generated and cached per file."""
+
+    chat: int = 512
+    rewrite: int = 192
+    length: int = 256
+    rewrite_text_tokens: int = 100
+    temperature: float = 0.7
+    top_k: int = 32
+    chunk: int = 64
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("chat", "length", "rewrite_text_tokens", "top_k", "chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.rewrite < 0 or self.rewrite > self.chat:
+            raise ValueError(f"rewrite must be in [0, chat={self.chat}] (each quotes a "
+                             f"first-stage answer), got {self.rewrite}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+def _log(path: Path, message: str) -> None:
+    line = f"{time.strftime('%H:%M:%S')} {message}"
+    print(line, flush=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def _answer_rows(target, tokenizer, prompts: list[str], config: ChatDataConfig, key):
+    """(tokens int32 [n, length], prompt_lengths [n], lengths [n]) for the prompts that
+    fit, each answered by the target (sampled; stops at an end-of-turn token)."""
+    encoded = [tokenizer.apply_chat_template([{"role": "user", "content": p}])
+               for p in prompts]
+    encoded = [ids for ids in encoded if len(ids) < config.length // 2]
+    if not encoded:
+        raise ValueError(f"no prompt fits in half of length={config.length} tokens")
+    new_tokens = config.length - max(len(ids) for ids in encoded)
+    out = specjax.generate(target, encoded, max_new_tokens=new_tokens,
+                           sampling=specjax.SamplingConfig(temperature=config.temperature),
+                           key=key, eos_id=tokenizer.eos_ids)
+    answers, answer_lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    rows = np.zeros((len(encoded), config.length), np.int32)
+    prompt_lengths = np.array([len(ids) for ids in encoded], np.int32)
+    for row, ids in enumerate(encoded):
+        rows[row, :len(ids)] = ids
+        rows[row, len(ids):len(ids) + answer_lengths[row]] = answers[row, :answer_lengths[row]]
+    return rows, prompt_lengths, prompt_lengths + answer_lengths.astype(np.int32)
+
+
+def _quotable(tokenizer, rows, prompt_lengths, lengths, most_tokens: int) -> list[str]:
+    """The first answers' texts, cut after the last full sentence within `most_tokens`."""
+    texts = []
+    for row, start, end in zip(rows, prompt_lengths, lengths, strict=True):
+        answer = [t for t in row[start:min(end, start + most_tokens)]
+                  if t not in tokenizer.eos_ids]
+        text = tokenizer.decode(answer)
+        cut = max(text.rfind(". "), text.rfind(".\n"))
+        if cut > 40:
+            texts.append(text[:cut + 1])
+    return texts
+
+
+def prepare_chat_data(target, tokenizer, work_dir: str | Path, feature_layers: tuple,
+                      config: ChatDataConfig = ChatDataConfig()) -> None:
+    """Phases 1 and 2 (see the module docstring) into `work_dir/chunks/`; resumable."""
+    work_dir = Path(work_dir)
+    chunks = work_dir / "chunks"
+    chunks.mkdir(parents=True, exist_ok=True)
+    log = work_dir / "log.txt"
+    cache = jax.jit(lambda tokens: cache_target_outputs(target, tokens, feature_layers,
+                                                        config.top_k))
+    key = jax.random.key(config.seed)
+
+    def make_chunk(name: str, prompts: list[str], index: int) -> None:
+        path = chunks / f"{name}.npz"
+        if path.exists():
+            return
+        started = time.perf_counter()
+        rows, prompt_lengths, lengths = _answer_rows(target, tokenizer, prompts, config,
+                                                     jax.random.fold_in(key, index))
+        generated = time.perf_counter() - started
+        outputs = {"hidden": [], "top_ids": [], "top_probs": []}
+        for start in range(0, len(rows), 16):
+            part = cache(rows[start:start + 16])
+            for name_, value in part.items():
+                outputs[name_].append(np.asarray(value))
+        outputs = {k: np.concatenate(v) for k, v in outputs.items()}
+        if not np.all(np.isfinite(outputs["hidden"])):
+            raise ValueError("a target feature overflows float16; cache float32 instead")
+        np.savez(chunks / f"{name}.tmp.npz", tokens=rows, prompt_lengths=prompt_lengths,
+                 lengths=lengths, **outputs)
+        (chunks / f"{name}.tmp.npz").rename(path)
+        _log(log, f"{name}: {len(rows)} rows, {int((lengths - prompt_lengths).sum())} answer "
+                  f"tokens, generated in {generated:.0f} s, cached in "
+                  f"{time.perf_counter() - started - generated:.0f} s")
+
+    prompts = chat_prompts(config.chat, config.seed)
+    for index, start in enumerate(range(0, config.chat, config.chunk)):
+        make_chunk(f"chat_{index:04d}", prompts[start:start + config.chunk], index)
+    if config.rewrite:
+        texts = []
+        for path in sorted(chunks.glob("chat_*.npz")):
+            with np.load(path) as f:
+                texts += _quotable(tokenizer, f["tokens"], f["prompt_lengths"], f["lengths"],
+                                   config.rewrite_text_tokens)
+        prompts = rewrite_prompts(texts[:config.rewrite], config.seed)
+        for index, start in enumerate(range(0, len(prompts), config.chunk)):
+            make_chunk(f"rewrite_{index:04d}", prompts[start:start + config.chunk],
+                       10_000 + index)
+
+
+def load_chat_data(work_dir: str | Path) -> dict:
+    """Every cached chunk, concatenated: tokens, prompt_lengths, lengths, hidden, top_ids,
+    top_probs, and `loss_mask` (positions from the prompt's last token to the one before
+    the answer's last: those whose next token a drafter proposes)."""
+    paths = sorted((Path(work_dir) / "chunks").glob("*_[0-9][0-9][0-9][0-9].npz"))
+    if not paths:
+        raise FileNotFoundError(f"no cached chunks in {work_dir}/chunks (run prepare_chat_data)")
+    parts = []
+    for path in paths:
+        with np.load(path) as f:
+            parts.append({k: f[k] for k in f.files})
+    data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    index_T = np.arange(data["tokens"].shape[1])
+    data["loss_mask"] = ((index_T[None] >= data["prompt_lengths"][:, None] - 1)
+                         & (index_T[None] < data["lengths"][:, None] - 1))
+    return data
+
+
+def training_arrays(data: dict, draft_vocab, vocab_size: int) -> dict:
+    """The arrays `train_head_cached` reads, for a head with this draft vocabulary."""
+    return {"tokens": data["tokens"], "hidden": data["hidden"],
+            "label_index": draft_label_index(data["top_ids"], draft_vocab, vocab_size),
+            "label_probs": data["top_probs"], "loss_mask": data["loss_mask"]}
+
+
+def answer_tokens(data: dict) -> np.ndarray:
+    """Every answer token (what a drafter proposes), flat."""
+    mask = np.zeros_like(data["loss_mask"])
+    mask[:, 1:] = data["loss_mask"][:, :-1]  # token t + 1 for each loss position t
+    return data["tokens"][mask]
+
+
+def train_chat_head(target, target_config, work_dir: str | Path, out_dir: str | Path, *,
+                    train_config: TrainConfig, draft_vocab: int | None = 8192,
+                    batch_size: int = 16, heldout_rows: int = 32, unroll: int = 4,
+                    seed: int = 0, max_seconds: float | None = None) -> dict:
+    """Phase 3: train an EAGLE-3 head on the cached chunks of `work_dir`, checkpoints in
+    `work_dir/run`, the head written to `out_dir` (with metadata.json and history.jsonl).
+    The last `heldout_rows` rows are held out. Returns the metadata."""
+    work_dir, out_dir = Path(work_dir), Path(out_dir)
+    data = load_chat_data(work_dir)
+    rows = len(data["tokens"])
+    if rows <= heldout_rows + batch_size:
+        raise ValueError(f"{rows} cached rows cannot give {heldout_rows} held-out rows and a "
+                         f"batch of {batch_size}")
+    # Held-out rows: every kind is represented (the chunks are in kind order).
+    order = np.random.default_rng(seed).permutation(rows)
+    held, train_rows = np.sort(order[:heldout_rows]), np.sort(order[heldout_rows:])
+    vocab_size = target_config.vocab_size
+    train_data = {k: v[train_rows] for k, v in data.items()}
+    vocab = None if draft_vocab is None else most_frequent_tokens(answer_tokens(train_data),
+                                                                  draft_vocab)
+    head = create_head("eagle3", target, target_config, seed=seed, draft_vocab=vocab,
+                       feature_norm=True)
+    arrays = training_arrays(train_data, head.draft_vocab, vocab_size)
+    held_arrays = training_arrays({k: v[held] for k, v in data.items()}, head.draft_vocab,
+                                  vocab_size)
+    heldout = [{k: v[i:i + batch_size] for k, v in held_arrays.items()}
+               for i in range(0, heldout_rows, batch_size)]
+    del data
+    started = time.perf_counter()
+    result = train_head_cached(head, arrays, train_config,
+                               HeadTrainConfig(method="eagle3", unroll=unroll),
+                               batch_size=batch_size, checkpoint_dir=work_dir / "run",
+                               heldout=heldout, seed=seed, max_seconds=max_seconds)
+    seconds = time.perf_counter() - started
+    steps_done = result.history[-1]["step"] if result.history else 0
+    result.lm.save(out_dir)
+    answer_count = int(arrays["loss_mask"].sum())
+    coverage = None
+    if head.draft_vocab is not None:
+        answers = answer_tokens(train_data)
+        coverage = float(np.isin(answers, np.asarray(head.draft_vocab)).mean())
+    metadata_path = out_dir / "metadata.json"
+    earlier = json.loads(metadata_path.read_text()) if metadata_path.exists() else {}
+    metadata = {"kind": "train-drafter", "method": "eagle3", "target": "smollm2",
+                "steps_done": steps_done, "train_config": dataclasses.asdict(train_config),
+                "batch_size": batch_size, "unroll": unroll,
+                "draft_vocab": draft_vocab, "draft_vocab_coverage": coverage,
+                "train_rows": int(len(train_rows)), "train_answer_positions": answer_count,
+                "heldout_rows": heldout_rows,
+                "train_seconds_total": earlier.get("train_seconds_total", 0.0) + seconds,
+                "last_eval": next((h for h in reversed(result.history)
+                                   if "acceptance@1" in h), None)}
+    metadata_path.write_text(json.dumps(metadata, indent=1) + "\n")
+    with open(out_dir / "history.jsonl", "w") as f:
+        for entry in result.history:
+            f.write(json.dumps(entry) + "\n")
+    return metadata
+
+
+def smollm2_feature_layers(target_config) -> tuple[int, ...]:
+    return eagle3_feature_layers(target_config.num_layers)

@@ -1,0 +1,93 @@
+"""An EAGLE-3 head for a chat model (models/chat_head.py): answers, cached target outputs,
+loss mask, resumable phases, training; run on the tiny target with a toy chat template."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from specjax.training import TrainConfig
+from specjax_models.chat_head import (
+    ChatDataConfig,
+    answer_tokens,
+    load_chat_data,
+    prepare_chat_data,
+    train_chat_head,
+)
+
+END = 0  # the toy template's end-of-turn id
+
+
+class ToyChatTokenizer:
+    """A chat template over the tiny vocabulary: [1] + one id per word + [2]."""
+
+    eos_ids = [END]
+
+    def apply_chat_template(self, messages):
+        return [1] + [3 + len(w) % 29 for w in messages[-1]["content"].split()] + [2]
+
+    def decode(self, ids):
+        return "word. " * len(ids)
+
+
+CONFIG = ChatDataConfig(chat=6, rewrite=2, length=48, rewrite_text_tokens=8, top_k=4,
+                        chunk=4)
+
+
+@pytest.fixture(scope="module")
+def work(tiny_lm, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("chat_head")
+    prepare_chat_data(tiny_lm, ToyChatTokenizer(), directory, (0, 1), CONFIG)
+    return directory
+
+
+def test_rows_are_prompt_then_answer_with_the_target_outputs(tiny_lm, work):
+    names = sorted(p.name for p in (work / "chunks").glob("*.npz"))
+    assert names == ["chat_0000.npz", "chat_0001.npz", "rewrite_0000.npz"]
+    data = load_chat_data(work)
+    rows = len(data["tokens"])
+    assert rows == 8 and data["hidden"].shape == (8, 48, 3, 64)
+    assert data["top_ids"].shape == data["top_probs"].shape == (8, 48, 4)
+    for row in range(rows):
+        start, end = data["prompt_lengths"][row], data["lengths"][row]
+        assert data["tokens"][row, start - 1] == 2  # the template's last prompt token
+        assert np.all(data["tokens"][row, end:] == 0)
+        # A drafter proposes the answer's tokens: positions start - 1 .. end - 2.
+        np.testing.assert_array_equal(np.flatnonzero(data["loss_mask"][row]),
+                                      np.arange(start - 1, end - 1))
+    assert answer_tokens(data).size == int(data["loss_mask"].sum())
+    # The top-k labels are the target's own next-token distribution.
+    logits = np.asarray(tiny_lm.apply(
+        data["tokens"][:1], np.arange(48)[None], tiny_lm.init_cache(1, 48),
+        np.zeros(1, np.int32))[0])[0]
+    expected = np.sort(np.asarray(jax.nn.softmax(logits, axis=-1)), axis=-1)[:, ::-1][:, :4]
+    np.testing.assert_allclose(data["top_probs"][0].astype(np.float32), expected, atol=2e-3)
+
+
+def test_a_rerun_reuses_the_chunks(tiny_lm, work):
+    before = {p: p.stat().st_mtime_ns for p in (work / "chunks").glob("*.npz")}
+    prepare_chat_data(tiny_lm, ToyChatTokenizer(), work, (0, 1), CONFIG)
+    assert before == {p: p.stat().st_mtime_ns for p in (work / "chunks").glob("*.npz")}
+
+
+def test_training_writes_a_loadable_head(tiny_lm, work, tmp_path):
+    from specjax_models.heads import load_head_for
+
+    metadata = train_chat_head(
+        tiny_lm, tiny_config(), work, tmp_path / "head",
+        train_config=TrainConfig(steps=2, warmup_steps=1, log_every=1, eval_every=2,
+                                 checkpoint_every=2),
+        draft_vocab=12, batch_size=2, heldout_rows=2, unroll=2)
+    assert metadata["steps_done"] == 2 and 0 < metadata["draft_vocab_coverage"] <= 1
+    assert json.loads((tmp_path / "head" / "metadata.json").read_text())["train_rows"] == 6
+    head = load_head_for(tmp_path / "head", tiny_lm)
+    assert head.config.feature_norm and head.draft_vocab.shape == (12,)
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="rewrite must be"):
+        ChatDataConfig(chat=2, rewrite=3)
+    with pytest.raises(ValueError, match="temperature"):
+        ChatDataConfig(temperature=0.0)
