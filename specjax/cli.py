@@ -288,10 +288,13 @@ def _validate_generate(args):
     choice = _resolve_drafter_choice(args)
     if head is not None and choice not in HEAD_CHOICES:
         raise CliError("--head needs --drafter medusa, eagle, eagle3 or mtp")
-    if head is None and choice in HEAD_CHOICES and (args.model != "bundled" or args.target):
-        raise CliError(f"--drafter {choice}: the shipped heads belong to the bundled target; "
-                       f"pass --head DIR with a head trained on this target (specjax "
-                       f"train-drafter --method {choice} ...)")
+    shipped_for_smollm2 = (args.model == "smollm2" and choice == "eagle3"
+                           and _smollm2_head() is not None)
+    if head is None and choice in HEAD_CHOICES and (args.model != "bundled" or args.target) \
+            and not shipped_for_smollm2:
+        raise CliError(f"--drafter {choice}: the shipped heads belong to the bundled target "
+                       f"(and SmolLM2's eagle3); pass --head DIR with a head trained on "
+                       f"this target (specjax train-drafter --method {choice} ...)")
     if args.max_new_tokens < 1:
         raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.num_draft_tokens is None:
@@ -342,9 +345,18 @@ def _read_prompt(args) -> str:
     return text
 
 
+def _smollm2_head():
+    """The shipped SmolLM2 EAGLE-3 head's directory, or None when absent."""
+    from specjax_models.bundled import CHECKPOINTS
+
+    directory = CHECKPOINTS / "smollm2_eagle3"
+    return directory if (directory / "head.json").exists() else None
+
+
 def _resolve_drafter_choice(args) -> str:
-    """The bundled pair drafts with its draft model; SmolLM2 (no trained draft shipped yet)
-    with prompt lookup, unless --draft names a checkpoint that shares its tokenizer."""
+    """The bundled pair drafts with its draft model; SmolLM2 with prompt lookup (its shipped
+    EAGLE-3 head, `--drafter eagle3`, is still too weak to beat it: see its MODEL_CARD),
+    unless --draft names a checkpoint that shares its tokenizer."""
     if args.drafter is not None:
         return args.drafter
     return "model" if args.model == "bundled" or args.draft else "prompt-lookup"
@@ -379,7 +391,8 @@ def _load_head(args, choice, target):
     from specjax_models.heads import load_head_for
 
     head_dir = getattr(args, "head", None)
-    directory = head_dir or specjax_models.bundled.bundled_path(choice)
+    directory = head_dir or (_smollm2_head() if args.model == "smollm2"
+                             else specjax_models.bundled.bundled_path(choice))
     method = "greedy" if args.greedy_draft else None
     try:
         return load_head_for(directory, target, method)
@@ -827,7 +840,6 @@ def _train_chat_drafter(args) -> int:
                        "--chat-prompts (each rewrite quotes a first answer)")
     if args.draft_vocab is not None and args.draft_vocab < 1:
         raise CliError("--draft-vocab takes a positive size")
-    import dataclasses
     import platform
     import time
     from pathlib import Path
@@ -840,6 +852,7 @@ def _train_chat_drafter(args) -> int:
         prepare_chat_data,
         smollm2_feature_layers,
         train_chat_head,
+        write_model_card,
     )
 
     out = Path(args.out)
@@ -849,18 +862,14 @@ def _train_chat_drafter(args) -> int:
     data_config = ChatDataConfig(chat=args.chat_prompts, rewrite=args.rewrite_prompts,
                                  length=args.seq_len, temperature=args.data_temperature,
                                  seed=args.seed)
-    settings = work / "settings.json"
-    wanted = json.dumps(dataclasses.asdict(data_config), sort_keys=True)
-    if settings.exists() and settings.read_text() != wanted:
-        raise CliError(f"{work} holds data generated with other settings ({settings}); use "
-                       "another --work or delete it")
-    work.mkdir(parents=True, exist_ok=True)
-    settings.write_text(wanted)
     _say(f"answers and target outputs (resumable, in {work}/chunks; progress in "
          f"{work}/log.txt)...")
     started = time.perf_counter()
-    prepare_chat_data(target, tokenizer, work, smollm2_feature_layers(target_config),
-                      data_config)
+    try:
+        prepare_chat_data(target, tokenizer, work, smollm2_feature_layers(target_config),
+                          data_config)
+    except ValueError as error:  # e.g. a work directory made with other settings
+        raise CliError(str(error)) from None
     data_seconds = time.perf_counter() - started
     _say(f"training an EAGLE-3 head (draft vocabulary {args.draft_vocab or 'full'}; the "
          "target's embedding and LM head shared and frozen)")
@@ -877,6 +886,7 @@ def _train_chat_drafter(args) -> int:
                   f"{os.cpu_count()} cores)",
         "command": "specjax " + " ".join(sys.argv[1:])})
     (out / "metadata.json").write_text(json.dumps(metadata, indent=1) + "\n")
+    write_model_card(out, work)
     last = metadata["last_eval"] or {}
     shown = ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k.startswith("acceptance@"))
     print(f"trained {metadata['steps_done']} steps; held-out expected acceptance at t=1 "
@@ -988,7 +998,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the draft model, n-gram lookup in the prompt and output, or a "
                           "feature head reading the target's hidden states (medusa, eagle, "
                           "eagle3, mtp; the bundled target ships trained ones) (default: "
-                          "model for the bundled pair, prompt-lookup for smollm2)")
+                          "model for the bundled pair, prompt-lookup for smollm2; eagle3 with "
+                          "--model smollm2 uses its shipped EAGLE-3 head)")
     gen.add_argument("--head", default=None,
                      help="a feature head trained by `specjax train-drafter` for --drafter "
                           "medusa/eagle/eagle3/mtp (default: the bundled target's)")
@@ -1016,8 +1027,12 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--draft", default=None,
                     help="a draft checkpoint sharing SmolLM2's tokenizer (default: none, "
                          "prompt lookup drafts)")
-    ch.add_argument("--drafter", choices=["model", "prompt-lookup"], default=None,
-                    help="default: prompt-lookup (model when --draft is given)")
+    ch.add_argument("--drafter", choices=["model", "prompt-lookup", "eagle3"], default=None,
+                    help="default: prompt-lookup (model when --draft is given); eagle3: "
+                         "SmolLM2's shipped EAGLE-3 head, or --head DIR")
+    ch.add_argument("--head", default=None,
+                    help="an EAGLE-3 head trained on SmolLM2 (specjax train-drafter --model "
+                         "smollm2; default: the shipped one)")
     ch.add_argument("--num-draft-tokens", type=int, default=4,
                     help="K, drafts verified per target forward (default: %(default)s)")
     _add_sampling(ch)

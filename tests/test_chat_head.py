@@ -15,6 +15,7 @@ from specjax_models.chat_head import (
     load_chat_data,
     prepare_chat_data,
     train_chat_head,
+    write_model_card,
 )
 
 END = 0  # the toy template's end-of-turn id
@@ -84,6 +85,17 @@ def test_training_writes_a_loadable_head(tiny_lm, work, tmp_path):
     assert json.loads((tmp_path / "head" / "metadata.json").read_text())["train_rows"] == 6
     head = load_head_for(tmp_path / "head", tiny_lm)
     assert head.config.feature_norm and head.draft_vocab.shape == (12,)
+    write_model_card(tmp_path / "head", work)
+    card = (tmp_path / "head" / "MODEL_CARD.md").read_text()
+    assert "6 chat prompts" in card and "depth 2:" in card and "12 most frequent" in card
+
+
+def test_a_work_directory_made_with_other_settings_is_refused(tiny_lm, work):
+    import dataclasses
+
+    with pytest.raises(ValueError, match="other settings"):
+        prepare_chat_data(tiny_lm, ToyChatTokenizer(), work, (0, 1),
+                          dataclasses.replace(CONFIG, temperature=1.0))
 
 
 def test_bad_settings_are_refused():

@@ -72,8 +72,14 @@ def test_demo_streams_and_explains_its_speed():
     (["generate", "x", "--drafter", "medusa", "--head", "/nonexistent"],
      "--head /nonexistent holds no trained head"),
     (["generate", "x", "--head", "/tmp"], "holds no trained head"),
-    (["generate", "x", "--model", "smollm2", "--drafter", "eagle3"],
+    (["generate", "x", "--model", "smollm2", "--drafter", "medusa"],
      "the shipped heads belong to the bundled target"),
+    (["train-drafter", "--model", "smollm2", "--method", "mtp", "--out", "/tmp/x"],
+     "--model smollm2 trains an EAGLE-3 head"),
+    (["train-drafter", "--model", "smollm2", "--method", "eagle3", "--out", "/tmp/x",
+      "--chat-prompts", "4", "--rewrite-prompts", "8"], "--rewrite-prompts at most"),
+    (["train-drafter", "--model", "smollm2", "--method", "eagle3", "--out", "/tmp/x",
+      "--target", "/tmp"], "--target is for the bundled model"),
     (["train-drafter", "--method", "eagle3", "--out", "/tmp/x", "--target", "/nope"],
      "/nope does not exist"),
     (["distill", "--target", "/nope", "--draft", "/nope", "--out", "/tmp/x"],
@@ -208,6 +214,12 @@ def test_smollm2_from_the_command_line():
     spec_out, plain_out = json.loads(spec.stdout), json.loads(plain.stdout)
     assert spec_out["tokens"] == plain_out["tokens"] and "Monday" in spec_out["text"]
     assert spec_out["stats"]["draft_forwards"] == [0]  # prompt lookup
+    # The shipped EAGLE-3 head: the same tokens, drafted by the head.
+    head = run("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32",
+               "--drafter", "eagle3", "--num-draft-tokens", "3")
+    assert head.returncode == 0, head.stderr
+    head_out = json.loads(head.stdout)
+    assert head_out["tokens"] == plain_out["tokens"] and head_out["stats"]["draft_forwards"][0]
     chat = subprocess.run([sys.executable, "-m", "specjax.cli", "chat", "--color", "never",
                            "--max-new-tokens", "24"], input="Hi!\nWhat is 2 + 2?\n",
                           capture_output=True, text=True, timeout=400)
