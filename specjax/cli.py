@@ -745,10 +745,10 @@ def _drafter_data(args, target, corpus, out):
 DRAFTER_TRAINING_DEFAULTS = {
     "bundled": {"steps": 1500, "batch_size": 32, "learning_rate": 3e-3, "warmup_steps": 50,
                 "checkpoint_every": 250, "eval_every": 250, "log_every": 25, "seq_len": 128,
-                "data_temperature": 1.0},
+                "data_temperature": 1.0, "draft_vocab": None},
     "smollm2": {"steps": 600, "batch_size": 16, "learning_rate": 1e-3, "warmup_steps": 30,
                 "checkpoint_every": 25, "eval_every": 50, "log_every": 5, "seq_len": 256,
-                "data_temperature": 0.7},
+                "data_temperature": 0.7, "draft_vocab": 8192},
 }
 
 
@@ -1120,7 +1120,8 @@ def build_parser() -> argparse.ArgumentParser:
     td.add_argument("--draft-vocab", type=int, default=None,
                     help="EAGLE-3's reduced draft vocabulary: score only the N most frequent "
                          "ids of the generated data (cheaper draft forwards for a large "
-                         "vocabulary; other ids get draft probability 0; default: all)")
+                         "vocabulary; other ids get draft probability 0; default: all for "
+                         "bundled, 8192 for smollm2)")
     _add_training(td, steps=1500, lr=3e-3)
     # Unset options take per-model defaults (DRAFTER_TRAINING_DEFAULTS); seq_len is the
     # bundled windows' length or SmolLM2's prompt + answer rows.

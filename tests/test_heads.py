@@ -170,6 +170,7 @@ def cached_arrays(lm, head, tokens, top_k, loss_mask=None):
             "loss_mask": np.ones(tokens.shape, bool) if loss_mask is None else loss_mask}
 
 
+@pytest.mark.slow
 def test_cached_training_loss_equals_the_online_loss(tiny_lm, distilled_data):
     """With every id kept (top_k = V) and every position in the mask, the loss on cached
     target outputs is head_loss's EAGLE-3 loss (up to the float16 storage)."""
