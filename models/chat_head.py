@@ -30,7 +30,6 @@ import jax
 import numpy as np
 
 import specjax
-from specjax.drafters import eagle3_feature_layers
 from specjax.drafters.eagle import most_frequent_tokens
 from specjax.training import (
     HeadTrainConfig,
@@ -128,8 +127,9 @@ def prepare_chat_data(target, tokenizer, work_dir: str | Path, feature_layers: t
                          "another work directory or delete it")
     settings.write_text(wanted)
     log = work_dir / "log.txt"
-    cache = jax.jit(lambda tokens: cache_target_outputs(target, tokens, feature_layers,
-                                                        config.top_k))
+    # The weights are an argument: closed over, they would be folded into the program.
+    cache = jax.jit(lambda params, tokens: cache_target_outputs(
+        target.with_params(params), tokens, feature_layers, config.top_k))
     key = jax.random.key(config.seed)
 
     def make_chunk(name: str, prompts: list[str], index: int) -> None:
@@ -142,7 +142,7 @@ def prepare_chat_data(target, tokenizer, work_dir: str | Path, feature_layers: t
         generated = time.perf_counter() - started
         outputs = {"hidden": [], "top_ids": [], "top_probs": []}
         for start in range(0, len(rows), 16):
-            part = cache(rows[start:start + 16])
+            part = cache(target.params, rows[start:start + 16])
             for name_, value in part.items():
                 outputs[name_].append(np.asarray(value))
         outputs = {k: np.concatenate(v) for k, v in outputs.items()}
@@ -215,13 +215,13 @@ def train_chat_head(target, target_config, work_dir: str | Path, out_dir: str | 
     if rows <= heldout_rows + batch_size:
         raise ValueError(f"{rows} cached rows cannot give {heldout_rows} held-out rows and a "
                          f"batch of {batch_size}")
-    # Held-out rows: every kind is represented (the chunks are in kind order).
+    # Held-out rows: a random draw over every chunk, so each kind in proportion.
     order = np.random.default_rng(seed).permutation(rows)
     held, train_rows = np.sort(order[:heldout_rows]), np.sort(order[heldout_rows:])
     vocab_size = target_config.vocab_size
     train_data = {k: v[train_rows] for k, v in data.items()}
-    vocab = None if draft_vocab is None else most_frequent_tokens(answer_tokens(train_data),
-                                                                  draft_vocab)
+    answers = answer_tokens(train_data)
+    vocab = None if draft_vocab is None else most_frequent_tokens(answers, draft_vocab)
     head = create_head("eagle3", target, target_config, seed=seed, draft_vocab=vocab,
                        feature_norm=True)
     arrays = training_arrays(train_data, head.draft_vocab, vocab_size)
@@ -241,7 +241,6 @@ def train_chat_head(target, target_config, work_dir: str | Path, out_dir: str | 
     answer_count = int(arrays["loss_mask"].sum())
     coverage = None
     if head.draft_vocab is not None:
-        answers = answer_tokens(train_data)
         coverage = float(np.isin(answers, np.asarray(head.draft_vocab)).mean())
     metadata_path = out_dir / "metadata.json"
     earlier = json.loads(metadata_path.read_text()) if metadata_path.exists() else {}
@@ -338,7 +337,3 @@ def write_model_card(out_dir: str | Path, work_dir: str | Path) -> None:
     for name, copy in (("log.txt", "data_log.txt"), ("settings.json", "data_settings.json")):
         if (Path(work_dir) / name).exists():
             (out_dir / copy).write_text((Path(work_dir) / name).read_text())
-
-
-def smollm2_feature_layers(target_config) -> tuple[int, ...]:
-    return eagle3_feature_layers(target_config.num_layers)

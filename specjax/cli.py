@@ -347,10 +347,9 @@ def _read_prompt(args) -> str:
 
 def _smollm2_head():
     """The shipped SmolLM2 EAGLE-3 head's directory, or None when absent."""
-    from specjax_models.bundled import CHECKPOINTS
+    from specjax_models.chat_head import SMOLLM2_HEAD
 
-    directory = CHECKPOINTS / "smollm2_eagle3"
-    return directory if (directory / "head.json").exists() else None
+    return SMOLLM2_HEAD if (SMOLLM2_HEAD / "head.json").exists() else None
 
 
 def _resolve_drafter_choice(args) -> str:
@@ -847,10 +846,10 @@ def _train_chat_drafter(args) -> int:
     import jax
 
     import specjax_models
+    from specjax.drafters import eagle3_feature_layers
     from specjax_models.chat_head import (
         ChatDataConfig,
         prepare_chat_data,
-        smollm2_feature_layers,
         train_chat_head,
         write_model_card,
     )
@@ -866,8 +865,8 @@ def _train_chat_drafter(args) -> int:
          f"{work}/log.txt)...")
     started = time.perf_counter()
     try:
-        prepare_chat_data(target, tokenizer, work, smollm2_feature_layers(target_config),
-                          data_config)
+        prepare_chat_data(target, tokenizer, work,
+                          eagle3_feature_layers(target_config.num_layers), data_config)
     except ValueError as error:  # e.g. a work directory made with other settings
         raise CliError(str(error)) from None
     data_seconds = time.perf_counter() - started
