@@ -856,11 +856,15 @@ def _train_chat_drafter(args) -> int:
 
     out = Path(args.out)
     work = Path(args.work) if args.work else out / "work"
+    try:  # checked before SmolLM2 loads
+        data_config = ChatDataConfig(chat=args.chat_prompts, rewrite=args.rewrite_prompts,
+                                     length=args.seq_len, temperature=args.data_temperature,
+                                     seed=args.seed)
+    except ValueError as error:
+        raise CliError(str(error).replace("temperature", "--data-temperature")
+                       .replace("length", "--seq-len")) from None
     target, tokenizer = _smollm2()
     target_config = specjax_models.gguf_config(specjax_models.smollm2_path())
-    data_config = ChatDataConfig(chat=args.chat_prompts, rewrite=args.rewrite_prompts,
-                                 length=args.seq_len, temperature=args.data_temperature,
-                                 seed=args.seed)
     _say(f"answers and target outputs (resumable, in {work}/chunks; progress in "
          f"{work}/log.txt)...")
     started = time.perf_counter()

@@ -80,6 +80,8 @@ def test_demo_streams_and_explains_its_speed():
       "--chat-prompts", "4", "--rewrite-prompts", "8"], "--rewrite-prompts at most"),
     (["train-drafter", "--model", "smollm2", "--method", "eagle3", "--out", "/tmp/x",
       "--target", "/tmp"], "--target is for the bundled model"),
+    (["train-drafter", "--model", "smollm2", "--method", "eagle3", "--out", "/tmp/x",
+      "--data-temperature", "0"], "--data-temperature must be > 0"),
     (["train-drafter", "--method", "eagle3", "--out", "/tmp/x", "--target", "/nope"],
      "/nope does not exist"),
     (["distill", "--target", "/nope", "--draft", "/nope", "--out", "/tmp/x"],
