@@ -13,6 +13,8 @@ from specjax_models.transformer import (
     count_params,
     embedding_and_head,
     first_layers,
+    select_layers,
+    select_layers_config,
 )
 
 __all__ = [
@@ -36,5 +38,7 @@ __all__ = [
     "load_tokenizer",
     "save_checkpoint",
     "save_pretrained",
+    "select_layers",
+    "select_layers_config",
     "smollm2_path",
 ]

@@ -170,6 +170,11 @@ def model_type_of(config: TransformerConfig) -> str:
 
 def config_to_hf(config: TransformerConfig) -> dict:
     """A config.json dict transformers loads into the same architecture."""
+    if config.input_vocab_size not in (None, config.vocab_size):
+        raise ValueError(f"transformers has no model whose embedding ({config.input_vocab_size} "
+                         f"rows) and LM head ({config.vocab_size} rows) differ: a "
+                         "reduced-vocabulary draft is saved with save_checkpoint, not as a "
+                         "transformers checkpoint")
     model_type = model_type_of(config)
     if model_type == "gpt2":
         return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],

@@ -18,6 +18,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import Array
 
@@ -72,6 +73,10 @@ class TransformerConfig:
     sliding_window: attend to the last `sliding_window` positions only, in the layers
       listed by sliding_layers ("all", "even": layers 0, 2, 4, ... as Gemma 2, or "none").
     sandwich_norm: Gemma 2's extra norms after attention and around the MLP.
+    input_vocab_size: rows of the token embedding when they differ from the LM head's
+      `vocab_size` (None: the same). A draft whose head scores a reduced vocabulary (a
+      subset of its target's ids, `specjax.DraftModel(..., draft_vocab=ids)`) still reads
+      every target id; the head is then untied.
     dtype / param_dtype: compute and storage dtypes ("float32", "bfloat16", "float16").
     Logits are always returned in float32.
     scan_layers: run the layers as one `lax.scan` over parameters (and a cache) stacked
@@ -114,6 +119,7 @@ class TransformerConfig:
     sliding_layers: str = "all"
     sandwich_norm: bool = False
     scan_layers: bool = False
+    input_vocab_size: int | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads",
@@ -121,6 +127,14 @@ class TransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}")
+        if self.input_vocab_size is not None:
+            if not isinstance(self.input_vocab_size, int) or self.input_vocab_size < 1:
+                raise ValueError(f"TransformerConfig.input_vocab_size must be a positive int "
+                                 f"or None, got {self.input_vocab_size!r}")
+            if self.tie_embeddings and self.input_vocab_size != self.vocab_size:
+                raise ValueError(f"tie_embeddings needs input_vocab_size "
+                                 f"({self.input_vocab_size}) == vocab_size ({self.vocab_size}): "
+                                 "a tied head scores every embedded id; untie it")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
@@ -154,6 +168,10 @@ class TransformerConfig:
             raise ValueError(f"scan_layers must be a bool, got {self.scan_layers!r}")
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         object.__setattr__(self, "param_dtype", dtype_name(self.param_dtype))
+
+    @property
+    def embedding_rows(self) -> int:
+        return self.vocab_size if self.input_vocab_size is None else self.input_vocab_size
 
     @property
     def resolved_head_dim(self) -> int:
@@ -598,7 +616,7 @@ class Transformer(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.embed = nnx.Embed(config.vocab_size, config.d_model, dtype=config.compute_dtype,
+        self.embed = nnx.Embed(config.embedding_rows, config.d_model, dtype=config.compute_dtype,
                                param_dtype=config.storage_dtype, rngs=rngs)
         if config.position_embedding == "learned":
             self.position_embed = nnx.Embed(config.max_seq_len, config.d_model,
@@ -648,7 +666,7 @@ class Transformer(nnx.Module):
         # Ids outside the vocabulary would read NaN rows (an out-of-range gather fills NaN),
         # and a NaN value in a masked slot still poisons attention (0 * NaN). specjax
         # refuses such ids on input; a caller's own padding reads a real row instead.
-        x_BTD = self.embed(jnp.clip(tokens_BT, 0, cfg.vocab_size - 1))
+        x_BTD = self.embed(jnp.clip(tokens_BT, 0, cfg.embedding_rows - 1))
         if cfg.embed_scale:
             x_BTD = x_BTD * jnp.asarray(math.sqrt(cfg.d_model), cfg.compute_dtype)
         if cfg.position_embedding == "learned":
@@ -749,34 +767,94 @@ def first_layers(model, num_layers: int):
     `model` is a `Transformer` (returns a Transformer) or a `specjax.CausalLM` made from
     one, as `from_pretrained` and `load_checkpoint` return (returns a CausalLM).
     """
+    depth = _config_of(model).num_layers
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) \
+            or not 1 <= num_layers <= depth:
+        raise ValueError(f"num_layers must be an int in [1, {depth}], got {num_layers!r}")
+    return select_layers(model, tuple(range(num_layers)))
+
+
+def select_layers(model, layers, draft_vocab=None):
+    """A draft built from `model`: the blocks listed in `layers` (target layer indices, run
+    in that order) with the same embeddings and final norm, and its LM head; with
+    `draft_vocab` (target token ids) the head keeps only those rows, so its logits cover
+    the reduced vocabulary (column j is id `draft_vocab[j]`; pair it with
+    `specjax.DraftModel(draft, draft_vocab=ids)`) while the embedding still reads every
+    target id (`TransformerConfig.input_vocab_size`). The starting point of a distilled
+    layer draft (`specjax_models.chat_draft`).
+
+    `model` is a `Transformer` (returns a Transformer) or a `specjax.CausalLM` made from
+    one (returns a CausalLM). The result's config is `result.config` (a Transformer) or
+    `select_layers_config(config, layers, draft_vocab)`.
+    """
     import specjax
+    from specjax.drafters.base import draft_vocab_ids
 
     if isinstance(model, specjax.CausalLM):
-        graphdef = getattr(model.apply_fn, "graphdef", None)
-        if graphdef is None:
-            raise TypeError("first_layers needs a CausalLM made by CausalLM.from_nnx from a "
-                            "specjax_models.Transformer (as from_pretrained and "
-                            "load_checkpoint return)")
-        module = nnx.merge(graphdef, model.params)
-        return specjax.CausalLM.from_nnx(first_layers(module, num_layers))
+        return specjax.CausalLM.from_nnx(select_layers(_module_of(model), layers, draft_vocab))
     if not isinstance(model, Transformer):
-        raise TypeError(f"first_layers expects a Transformer or a CausalLM, got "
+        raise TypeError(f"select_layers expects a Transformer or a CausalLM, got "
                         f"{type(model).__name__}")
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) \
-            or not 1 <= num_layers <= model.config.num_layers:
-        raise ValueError(f"num_layers must be an int in [1, {model.config.num_layers}], got "
-                         f"{num_layers!r}")
-    config = dataclasses.replace(model.config, num_layers=num_layers)
+    source_config = model.config
+    ids = None if draft_vocab is None else np.asarray(
+        draft_vocab_ids(draft_vocab, source_config.vocab_size))
+    config = select_layers_config(source_config, layers, ids)
+    chosen = np.asarray(layers, np.int64)
     shallow = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     flat_source = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     updated = []
     for path, _ in nnx.to_flat_state(nnx.state(shallow, nnx.Param)):
-        leaf = flat_source[path]
-        if path[0] == "layers" and config.scan_layers:  # stacked: keep the first num_layers
-            leaf = leaf.replace(leaf.get_value()[:num_layers])
+        if path[0] == "layers" and config.scan_layers:  # stacked: pick along the [L] axis
+            leaf = flat_source[path]
+            leaf = leaf.replace(leaf.get_value()[chosen])
+        elif path[0] == "layers":
+            leaf = flat_source[("layers", int(chosen[path[1]]), *path[2:])]
+        elif path == ("lm_head", "kernel") and ids is not None:
+            if source_config.tie_embeddings:
+                rows_VD = flat_source[("embed", "embedding")].get_value()
+                leaf = flat_source[("embed", "embedding")].replace(rows_VD[ids].T)
+            else:
+                leaf = flat_source[path]
+                leaf = leaf.replace(leaf.get_value()[:, ids])
+        else:
+            leaf = flat_source[path]
         updated.append((path, leaf))
     nnx.update(shallow, nnx.from_flat_state(updated))
     return shallow
+
+
+def select_layers_config(config: TransformerConfig, layers,
+                         draft_vocab=None) -> TransformerConfig:
+    """The config of `select_layers(model, layers, draft_vocab)` for a model of `config`."""
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__len__") or not len(layers) \
+            or any(isinstance(i, bool) or not isinstance(i, (int, np.integer))
+                   or not 0 <= i < config.num_layers for i in layers):
+        raise ValueError(f"layers must be a non-empty sequence of layer indices in [0, "
+                         f"{config.num_layers}), got {layers!r}")
+    config = dataclasses.replace(config, num_layers=len(layers))
+    if draft_vocab is None:
+        return config
+    return dataclasses.replace(config, vocab_size=len(draft_vocab),
+                               input_vocab_size=config.embedding_rows, tie_embeddings=False)
+
+
+def _config_of(model) -> TransformerConfig:
+    import specjax
+
+    if isinstance(model, specjax.CausalLM):
+        return _module_of(model).config
+    if isinstance(model, Transformer):
+        return model.config
+    raise TypeError(f"expected a Transformer or a CausalLM, got {type(model).__name__}")
+
+
+def _module_of(lm):
+    graphdef = getattr(lm.apply_fn, "graphdef", None)
+    if graphdef is None:
+        raise TypeError("this needs a CausalLM made by CausalLM.from_nnx from a "
+                        "specjax_models.Transformer (as from_pretrained, from_gguf and "
+                        "load_checkpoint return)")
+    return nnx.merge(graphdef, lm.params)
 
 
 def _flat_name(path) -> str:

@@ -9,6 +9,7 @@ from conftest import build_lm
 from specjax import GREEDY, DraftModel, SamplingConfig, probabilities
 from specjax.drafters import Commit, DraftContext
 from specjax.drafters.draft_model import fit_vocab
+from specjax_models import select_layers
 
 
 def _context(rows, capacity=32):
@@ -93,3 +94,39 @@ def test_draft_model_is_a_pytree_of_the_draft_params():
     assert rebuilt.method == "greedy" and rebuilt.lm.vocab_size == 32
     with pytest.raises(TypeError, match="CausalLM"):
         DraftModel("not a model")
+
+
+def test_a_reduced_vocabulary_draft_proposes_its_ids_with_q_zero_elsewhere(tiny_lm):
+    """DraftModel(draft_vocab=ids): drafts come from the ids, q is the warped draft
+    distribution over them (scattered to the target's 32 ids, 0 elsewhere), and the
+    draft reads target ids it cannot produce."""
+    ids = np.arange(0, 32, 2)
+    draft_lm = select_layers(tiny_lm, (1,), ids)
+    drafter = DraftModel(draft_lm, "sample", draft_vocab=ids.tolist())
+    assert len(jax.tree.leaves(drafter)) == len(jax.tree.leaves(draft_lm.params)) + 1
+    drafter.check(tiny_lm, SamplingConfig())
+    rows = [[3, 1, 7, 1, 5], [9, 2, 6]]
+    prompt = np.array([[3, 1, 7, 1, 5], [9, 2, 6, 0, 0]], np.int32)
+    sampling = SamplingConfig(temperature=0.8, top_p=0.95)
+    state = drafter.init(jnp.asarray(prompt), jnp.array([5, 3]), 32)
+    _, proposal = drafter.propose(state, _context(rows), jax.random.key(3), num_draft_tokens=3,
+                                  sampling=sampling, vocab_size=32)
+    assert set(np.asarray(proposal.tokens).ravel()) <= set(ids.tolist())
+    for b, row in enumerate(rows):
+        seq = jnp.array([row + proposal.tokens[b].tolist()])
+        logits = draft_lm.logits(seq)[0, len(row) - 1: len(row) + 2]
+        full = jnp.full((3, 32), -jnp.inf).at[:, ids].set(logits)
+        np.testing.assert_allclose(proposal.q[b], probabilities(full, sampling), atol=1e-5)
+    assert np.all(np.asarray(proposal.q)[..., 1::2] == 0)
+
+
+def test_a_reduced_vocabulary_that_does_not_match_the_draft_is_refused(tiny_lm):
+    ids = np.arange(0, 32, 2)
+    draft_lm = select_layers(tiny_lm, (1,), ids)
+    cases = {"lists 15 target ids": ids[:-1], "must be sorted": ids[::-1],
+             "ids in \\[0, 32\\)": ids + 2, "repeats": np.concatenate([ids[:-1], ids[:1]])}
+    for message, wrong in cases.items():
+        with pytest.raises(ValueError, match=message):
+            DraftModel(draft_lm, draft_vocab=wrong).check(tiny_lm, SamplingConfig())
+    with pytest.raises(ValueError, match="share a tokenizer"):  # without draft_vocab
+        DraftModel(draft_lm, max_vocab_padding=8).check(tiny_lm, SamplingConfig())

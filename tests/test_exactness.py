@@ -69,6 +69,19 @@ def eagle(kind: str, method: str = "sample", reduced_vocab: bool = False):
     return make
 
 
+def reduced_draft(method: str):
+    """The draft model over every other target id (`DraftModel(draft_vocab=...)`, its head
+    keeping those rows: q = 0 for the rest, the draft still reads every id)."""
+
+    def make(draft, target):
+        ids = np.arange(0, target.vocab_size, 2)
+        layers = tuple(range(sum(1 for _ in draft.params["layers"].keys())))
+        return DraftModel(specjax_models.select_layers(draft, layers, ids), method,
+                          draft_vocab=ids)
+
+    return make
+
+
 def medusa(method: str = "greedy"):
     def make(draft, target):
         head = Medusa.create(3, specjax_models.embedding_and_head(target)[1], method)
@@ -98,6 +111,11 @@ ENTRIES = {
                                               SEQUOIA_TREE, slow_greedy=True),
     # EAGLE-2: a different tree per row, grown from the draft's top-k (deterministic).
     "draft model, dynamic tree, top-k": Entry(lambda d, t: DraftModel(d), None, DYNAMIC_TREE),
+    "draft model, chain, reduced draft vocabulary": Entry(reduced_draft("sample"),
+                                                          slow_stats=True,
+                                                          stat_samplings=("t1", "topp0.8")),
+    "draft model, static tree, reduced draft vocabulary": Entry(
+        reduced_draft("sample"), None, STATIC_TREE, slow_greedy=True, stat_samplings=("t1",)),
     # Feature drafters (EAGLE-1/3, MTP, Medusa): they read the target's features.
     "eagle3, chain, sampled": Entry(eagle("eagle3"), slow_stats=True),
     "eagle1, chain, argmax": Entry(eagle("eagle1", "greedy"), slow_greedy=True,

@@ -350,3 +350,46 @@ def test_scanned_layers_compute_what_unrolled_layers_do(tmp_path, overrides):
     back = specjax_models.load_checkpoint(tmp_path / "s", scan_layers=False)
     np.testing.assert_allclose(back.logits(tokens), unrolled.logits(tokens), rtol=1e-6,
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("tie, scan", [(True, False), (False, True)])
+def test_select_layers_keeps_the_chosen_blocks_and_head_rows(tmp_path, tie, scan):
+    """Every layer kept with a reduced draft vocabulary: the logits are the full model's
+    columns for those ids (tied or untied head, either layer layout); a subset of layers
+    runs those blocks in order; the result saves and loads as a checkpoint."""
+    config = tiny_config(num_layers=3, tie_embeddings=tie, scan_layers=scan)
+    full = specjax.CausalLM.from_nnx(specjax_models.Transformer(config, rngs=nnx.Rngs(4)))
+    tokens = jnp.asarray(_random_tokens(0, (2, 9), 32))
+    ids = np.array([1, 5, 7, 30, 31])
+    every = specjax_models.select_layers(full, (0, 1, 2), ids)
+    assert every.vocab_size == 5
+    np.testing.assert_allclose(every.logits(tokens), full.logits(tokens)[..., ids], rtol=1e-5,
+                               atol=1e-5)
+    # Layers 0 and 2 of the full model, run by hand (the unrolled copy's blocks).
+    module = specjax_models.select_layers(
+        specjax_models.Transformer(dataclasses.replace(config, scan_layers=False),
+                                   rngs=nnx.Rngs(4)), (0, 2), ids)
+    draft_config = specjax_models.select_layers_config(config, (0, 2), ids)
+    assert module.config == dataclasses.replace(draft_config, scan_layers=False)
+    assert draft_config.input_vocab_size == 32 and not draft_config.tie_embeddings
+    subset = specjax_models.select_layers(full, (0, 2), ids)
+    np.testing.assert_allclose(subset.logits(tokens), specjax.CausalLM.from_nnx(module).logits(
+        tokens), rtol=1e-5, atol=1e-5)
+    specjax_models.save_checkpoint(subset, draft_config, tmp_path)
+    np.testing.assert_array_equal(specjax_models.load_checkpoint(tmp_path).logits(tokens),
+                                  subset.logits(tokens))
+
+
+def test_select_layers_refuses_bad_layers_and_vocabularies(tiny_lm):
+    with pytest.raises(ValueError, match="layer indices in \\[0, 2\\)"):
+        specjax_models.select_layers(tiny_lm, (0, 2))
+    with pytest.raises(ValueError, match="non-empty sequence"):
+        specjax_models.select_layers(tiny_lm, ())
+    with pytest.raises(ValueError, match="ids in \\[0, 32\\)"):
+        specjax_models.select_layers(tiny_lm, (0,), [3, 40])
+    with pytest.raises(ValueError, match="repeats 1 ids"):
+        specjax_models.select_layers(tiny_lm, (0,), [3, 3, 4])
+    with pytest.raises(ValueError, match="untie it"):
+        tiny_config(input_vocab_size=64, tie_embeddings=True)
+    with pytest.raises(ValueError, match="save_checkpoint, not as a transformers"):
+        specjax_models.hf.config_to_hf(tiny_config(vocab_size=8, input_vocab_size=32))

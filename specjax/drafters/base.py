@@ -33,6 +33,8 @@ import dataclasses
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax import Array
 from jaxtyping import Bool, Float, Int
 
@@ -112,6 +114,32 @@ def eagle3_feature_layers(num_layers: int) -> tuple[int, ...]:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
     wanted = (2, num_layers // 2, num_layers - 3)
     return tuple(sorted({min(max(layer, 0), num_layers - 1) for layer in wanted}))
+
+
+def draft_vocab_ids(draft_vocab, vocab_size: int) -> Array:
+    """A reduced draft vocabulary (EAGLE-3's, or a distilled draft model's) as sorted,
+    unique int32 target ids in [0, vocab_size); anything else is refused."""
+    ids = np.asarray(draft_vocab)
+    if ids.ndim != 1 or ids.size < 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"draft_vocab must be a non-empty 1-D array of target token ids, got "
+                         f"{ids.dtype} of shape {ids.shape}")
+    unique = np.unique(ids.astype(np.int64))
+    if unique.size != ids.size:
+        raise ValueError(f"draft_vocab repeats {ids.size - unique.size} ids; each target id "
+                         "may be one column of the draft's logits only")
+    if unique[0] < 0 or unique[-1] >= vocab_size:
+        raise ValueError(f"draft_vocab must hold ids in [0, {vocab_size}) (the target's "
+                         f"vocabulary), got [{unique[0]}, {unique[-1]}]")
+    return jnp.asarray(unique, jnp.int32)
+
+
+def scatter_to_vocab(logits_BV: Array, draft_vocab: Array, vocab_size: int) -> Array:
+    """Float32 logits over the target's vocabulary from logits over a reduced draft
+    vocabulary (`draft_vocab` [V'] target ids, the columns of `logits[..., V']`): every
+    other id gets -inf, draft probability 0, so q stays exactly the distribution drawn
+    from."""
+    full = jnp.full(logits_BV.shape[:-1] + (vocab_size,), -jnp.inf, jnp.float32)
+    return full.at[..., draft_vocab].set(logits_BV.astype(jnp.float32))
 
 
 class Drafter(Protocol):

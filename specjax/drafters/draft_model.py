@@ -16,10 +16,17 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM, prefill
-from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.drafters.base import (
+    Commit,
+    DraftContext,
+    Proposal,
+    draft_vocab_ids,
+    scatter_to_vocab,
+)
 from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
 from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
 from specjax.trees import DynamicTree, TreeShape, ancestor_mask
@@ -99,23 +106,44 @@ class DraftModel:
     the draft lacks are fed to it as its last id (only draft quality changes). A larger
     difference than `max_vocab_padding` means different tokenizers and is refused.
 
-    A pytree: the draft's parameters are its leaves, `method` and `max_vocab_padding`
-    static.
+    draft_vocab: optional int32 [V'] target ids (sorted, unique): the draft's LM head
+      scores only those ids (`lm.vocab_size == V'`; column j of its logits is target id
+      `draft_vocab[j]`), V / V' times cheaper per draft forward for a large vocabulary,
+      while it reads every target id as input (its embedding covers the target's
+      vocabulary, e.g. `specjax_models.select_layers(target, layers, draft_vocab=ids)`).
+      Every other id gets draft probability 0 (q is exactly the distribution drawn
+      from, so still exact).
+
+    A pytree: the draft's parameters (and draft_vocab) are its leaves, `method` and
+    `max_vocab_padding` static.
     """
 
     lm: CausalLM
     method: str = dataclasses.field(default="sample", metadata={"static": True})
     _: dataclasses.KW_ONLY
     max_vocab_padding: int = dataclasses.field(default=1024, metadata={"static": True})
+    draft_vocab: Array | None = None
 
     def __post_init__(self):
         if not isinstance(self.lm, CausalLM):
             raise TypeError(f"DraftModel needs a specjax.CausalLM, got {type(self.lm).__name__}")
         if self.method not in DRAFT_METHODS:
             raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
+        if isinstance(self.draft_vocab, (list, tuple, np.ndarray)):  # one leaf, not many
+            object.__setattr__(self, "draft_vocab", jnp.asarray(self.draft_vocab, jnp.int32))
 
     # -- host-side checks ----------------------------------------------------------------
     def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
+        if self.draft_vocab is not None:
+            ids = draft_vocab_ids(self.draft_vocab, target.vocab_size)
+            if not np.array_equal(np.asarray(ids), np.asarray(self.draft_vocab)):
+                raise ValueError("draft_vocab must be sorted target ids (np.sort them, and "
+                                 "order the draft's LM head rows the same way)")
+            if ids.size != self.lm.vocab_size:
+                raise ValueError(f"draft_vocab lists {ids.size} target ids but the draft's LM "
+                                 f"head scores {self.lm.vocab_size}: column j of its logits "
+                                 "must be target id draft_vocab[j]")
+            return
         diff = abs(self.lm.vocab_size - target.vocab_size)
         if diff > self.max_vocab_padding:
             raise ValueError(
@@ -143,11 +171,19 @@ class DraftModel:
         return DraftModelState(cache, cache_lengths.astype(jnp.int32))
 
     def _clip(self, tokens: Array) -> Array:
+        if self.draft_vocab is not None:  # the draft embeds every target id
+            return tokens
         return jnp.minimum(tokens, self.lm.vocab_size - 1)
+
+    def _target_logits(self, logits_BV: Array, vocab_size: int) -> Array:
+        """The draft's float32 logits over the target's vocabulary."""
+        if self.draft_vocab is not None:
+            return scatter_to_vocab(logits_BV, self.draft_vocab, vocab_size)
+        return fit_vocab(logits_BV.astype(jnp.float32), vocab_size)
 
     def _draw(self, key: Array, logits_BV: Array, sampling: SamplingConfig,
               vocab_size: int) -> tuple[Array, Array]:
-        logits_BV = fit_vocab(logits_BV.astype(jnp.float32), vocab_size)
+        logits_BV = self._target_logits(logits_BV, vocab_size)
         if self.method == "greedy" or sampling.greedy:
             token_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
             return token_B, jax.nn.one_hot(token_B, vocab_size, dtype=jnp.float32)
@@ -193,7 +229,7 @@ class DraftModel:
     def _children(self, key: Array, logits_BV: Array, ranks: int, sampling: SamplingConfig,
                   vocab_size: int):
         """`ranks` children of one node (see `draw_children`)."""
-        return draw_children(key, fit_vocab(logits_BV.astype(jnp.float32), vocab_size), ranks,
+        return draw_children(key, self._target_logits(logits_BV, vocab_size), ranks,
                              sampling, deterministic=self.method == "greedy")
 
     def _catch_up(self, state: DraftModelState, context: DraftContext,
@@ -218,7 +254,7 @@ class DraftModel:
         """Scores for a dynamic tree: the draft's log-probabilities over the target's
         vocabulary, warped like the target's (so tokens the target's top-k / top-p cannot
         produce rank last); at temperature 0, the unwarped ones (one-hot would tie)."""
-        logits_BV = fit_vocab(logits_BV.astype(jnp.float32), vocab_size)
+        logits_BV = self._target_logits(logits_BV, vocab_size)
         if sampling.greedy:
             return jax.nn.log_softmax(logits_BV, axis=-1)
         return jnp.log(probabilities(logits_BV, sampling))

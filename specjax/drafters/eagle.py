@@ -32,7 +32,13 @@ import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM
-from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.drafters.base import (
+    Commit,
+    DraftContext,
+    Proposal,
+    draft_vocab_ids,
+    scatter_to_vocab,
+)
 from specjax.drafters.draft_model import DRAFT_METHODS, draw_children
 from specjax.drafters.feature_head import (
     FeatureHeadConfig,
@@ -196,8 +202,7 @@ class Eagle:
         logits = head_logits(self.params, self.config, self.lm_head, out)
         if self.draft_vocab is None:
             return logits
-        full = jnp.full(logits.shape[:-1] + (self.embedding.shape[0],), -jnp.inf, jnp.float32)
-        return full.at[..., self.draft_vocab].set(logits)
+        return scatter_to_vocab(logits, self.draft_vocab, self.embedding.shape[0])
 
     def init(self, prompt_tokens_BP: Array, prompt_lengths_B: Array, capacity: int, *,
              features: Array) -> EagleState:
@@ -365,11 +370,7 @@ def _restrict(lm_head_VD: Array, draft_vocab) -> tuple[Array, Array | None]:
     unique), or the full head and None."""
     if draft_vocab is None:
         return lm_head_VD, None
-    ids = np.unique(np.asarray(draft_vocab, np.int64))
-    if ids.size < 1 or ids.min() < 0 or ids.max() >= lm_head_VD.shape[0]:
-        raise ValueError(f"draft_vocab must hold ids in [0, {lm_head_VD.shape[0]}) (the "
-                         "target's LM head rows)")
-    ids = jnp.asarray(ids, jnp.int32)
+    ids = draft_vocab_ids(draft_vocab, lm_head_VD.shape[0])
     return lm_head_VD[ids], ids
 
 

@@ -17,9 +17,13 @@ The package is split by concept: `config` (TrainConfig, DistillConfig), `losses`
 metrics history file, which together make a run resumable), `progress` (the live line)
 and `loop` (the shared optimisation loop, `train` and `distill`), `heads` (feature
 drafters: Medusa, EAGLE-1, EAGLE-3 and MTP heads, by self-distillation, `train_head`;
-`train_head_cached` on target outputs cached once, for targets too costly per step).
+`train_head_cached` on target outputs cached once, for targets too costly per step),
+`cached` (`distill_cached`: a draft model distilled from those cached outputs, over a
+reduced vocabulary if it has one, with frozen parameter groups such as a shared
+embedding).
 """
 
+from specjax.training.cached import DISTILL_KEYS, distill_cached, soft_label_terms
 from specjax.training.config import DIVERGENCES, DistillConfig, TrainConfig
 from specjax.training.heads import (
     HEAD_METHODS,
@@ -36,8 +40,8 @@ from specjax.training.loop import BatchFn, TrainResult, distill, train
 from specjax.training.losses import distill_loss, next_token_loss
 from specjax.training.progress import Progress
 
-__all__ = ["DIVERGENCES", "HEAD_METHODS", "BatchFn", "DistillConfig", "HeadTrainConfig",
-           "Progress", "TrainConfig", "TrainResult", "cache_target_outputs", "distill",
-           "distill_loss", "draft_label_index", "head_acceptance", "head_loss",
-           "next_token_loss", "self_distillation_data", "train", "train_head",
-           "train_head_cached"]
+__all__ = ["DISTILL_KEYS", "DIVERGENCES", "HEAD_METHODS", "BatchFn", "DistillConfig",
+           "HeadTrainConfig", "Progress", "TrainConfig", "TrainResult", "cache_target_outputs",
+           "distill", "distill_cached", "distill_loss", "draft_label_index", "head_acceptance",
+           "head_loss", "next_token_loss", "self_distillation_data", "soft_label_terms", "train",
+           "train_head", "train_head_cached"]

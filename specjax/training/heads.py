@@ -53,8 +53,9 @@ from specjax.drafters.feature_head import (
 from specjax.drafters.medusa import Medusa, medusa_logits
 from specjax.generate import generate
 from specjax.sampling import SamplingConfig
+from specjax.training.cached import masked_mean, soft_label_terms
 from specjax.training.config import TrainConfig
-from specjax.training.loop import TrainResult, _run
+from specjax.training.loop import TrainResult, _run, epoch_batches
 
 HEAD_METHODS = ("medusa", "eagle", "eagle3", "mtp")
 DEFAULT_UNROLL = {"medusa": 1, "eagle": 1, "eagle3": 4, "mtp": 4}
@@ -107,11 +108,6 @@ def _soft_cross_entropy(p_BTV, logits_BTV):
 
 def _acceptance(p_BTV, logits_BTV):
     return jnp.sum(jnp.minimum(p_BTV, jax.nn.softmax(logits_BTV, axis=-1)), axis=-1)
-
-
-def _masked_mean(values_BT, mask_BT):
-    mask = mask_BT.astype(jnp.float32)
-    return jnp.sum(values_BT * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 def _shift_right(x_BT, steps: int):
@@ -176,22 +172,22 @@ def _eagle_terms(drafter: Eagle, target: CausalLM, tokens_BT, config: HeadTrainC
     for step, out_BTD in enumerate(outputs):
         logits_BTV = drafter._logits(out_BTD)  # -inf outside a reduced draft vocabulary
         valid_BT = jnp.broadcast_to(index_T >= step, tokens_BT.shape)
-        accept = _masked_mean(_acceptance(p_BTV, logits_BTV), valid_BT)
+        accept = masked_mean(_acceptance(p_BTV, logits_BTV), valid_BT)
         if config.method == "mtp":
             hard_BT = -jnp.take_along_axis(jax.nn.log_softmax(logits_BTV[:, :-1], axis=-1),
                                            tokens_BT[:, 1:, None], axis=-1)[..., 0]
             # Tokens a reduced draft vocabulary cannot produce carry no loss.
             reachable_BT = jnp.isfinite(hard_BT)
-            loss = _masked_mean(jnp.where(reachable_BT, hard_BT, 0.0),
+            loss = masked_mean(jnp.where(reachable_BT, hard_BT, 0.0),
                                 valid_BT[:, :-1] & reachable_BT)
         else:
-            loss = _masked_mean(_soft_cross_entropy(p_BTV, logits_BTV), valid_BT)
+            loss = masked_mean(_soft_cross_entropy(p_BTV, logits_BTV), valid_BT)
             if config.method == "eagle":
                 final_BTD = hidden[..., -1, :] if hidden.ndim == 4 else hidden
                 diff = out_BTD - final_BTD.astype(jnp.float32)
                 smooth_l1 = jnp.where(jnp.abs(diff) < 1.0, 0.5 * diff * diff,
                                       jnp.abs(diff) - 0.5)
-                loss = config.classification_weight * loss + _masked_mean(
+                loss = config.classification_weight * loss + masked_mean(
                     jnp.mean(smooth_l1, axis=-1), valid_BT)
         terms.append((loss, accept))
     return terms
@@ -260,26 +256,6 @@ def self_distillation_data(target: CausalLM, prompts: np.ndarray, new_tokens: in
     return np.concatenate(rows, axis=0).astype(np.int32)
 
 
-def epoch_batches(data, batch_size: int, seed: int):
-    """`step -> int32 [batch, T]`: rows of `data` in a fresh permutation every epoch, a
-    pure function of (seed, step) so resumed runs see the same batches. `data` may be a
-    dict of arrays sharing their first axis (a dict of batches comes back)."""
-    rows = len(next(iter(data.values()))) if isinstance(data, dict) else len(data)
-    if rows < batch_size:
-        raise ValueError(f"{rows} training sequences cannot fill a batch of {batch_size}")
-    per_epoch = rows // batch_size
-
-    def batch(step: int) -> np.ndarray:
-        epoch, index = divmod(step, per_epoch)
-        order = np.random.default_rng([seed, epoch]).permutation(rows)
-        chosen = order[index * batch_size:(index + 1) * batch_size]
-        if isinstance(data, dict):
-            return {key: np.asarray(value[chosen]) for key, value in data.items()}
-        return data[chosen]
-
-    return batch
-
-
 def train_head(drafter, target: CausalLM, data: np.ndarray, config: TrainConfig,
                head_config: HeadTrainConfig, *, batch_size: int = 32,
                checkpoint_dir: str | Path | None = None, heldout: list[np.ndarray] = (),
@@ -334,21 +310,14 @@ def _cached_terms(drafter: Eagle, batch: dict, config: HeadTrainConfig):
     tokens_BT = batch["tokens"]
     features_BTD = fuse_features(drafter.params, drafter.config, batch["hidden"])
     outputs = unrolled_head(drafter, tokens_BT, features_BTD, config.unroll)
-    index_BTK = batch["label_index"]
-    probs_BTK = batch["label_probs"].astype(jnp.float32)
-    reachable_BTK = index_BTK >= 0
     mask_BT = batch["loss_mask"].astype(bool)
     terms = []
     for step, out_BTD in enumerate(outputs):
         # Scored over the head's own (possibly reduced) vocabulary: no scatter to V.
         log_q_BTV = jax.nn.log_softmax(
             head_logits(drafter.params, drafter.config, drafter.lm_head, out_BTD), axis=-1)
-        log_q_BTK = jnp.take_along_axis(log_q_BTV, jnp.maximum(index_BTK, 0), axis=-1)
-        cross_entropy = -jnp.sum(jnp.where(reachable_BTK, probs_BTK * log_q_BTK, 0.0), -1)
-        accept = jnp.sum(jnp.where(reachable_BTK, jnp.minimum(probs_BTK, jnp.exp(log_q_BTK)),
-                                   0.0), -1)
-        valid_BT = mask_BT & _shift_right(mask_BT, step)
-        terms.append((_masked_mean(cross_entropy, valid_BT), _masked_mean(accept, valid_BT)))
+        terms.append(soft_label_terms(log_q_BTV, batch["label_index"], batch["label_probs"],
+                                      mask_BT & _shift_right(mask_BT, step)))
     return terms
 
 

@@ -144,6 +144,26 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
     return TrainResult(lm.with_params(params), history, heldout_loss, bits)
 
 
+def epoch_batches(data, batch_size: int, seed: int):
+    """`step -> int32 [batch, T]`: rows of `data` in a fresh permutation every epoch, a
+    pure function of (seed, step) so resumed runs see the same batches. `data` may be a
+    dict of arrays sharing their first axis (a dict of batches comes back)."""
+    rows = len(next(iter(data.values()))) if isinstance(data, dict) else len(data)
+    if rows < batch_size:
+        raise ValueError(f"{rows} training sequences cannot fill a batch of {batch_size}")
+    per_epoch = rows // batch_size
+
+    def batch(step: int) -> np.ndarray:
+        epoch, index = divmod(step, per_epoch)
+        order = np.random.default_rng([seed, epoch]).permutation(rows)
+        chosen = order[index * batch_size:(index + 1) * batch_size]
+        if isinstance(data, dict):
+            return {key: np.asarray(value[chosen]) for key, value in data.items()}
+        return data[chosen]
+
+    return batch
+
+
 def train(lm: CausalLM, batches: BatchFn, config: TrainConfig, *,
           checkpoint_dir: str | Path | None = None, heldout: list[np.ndarray] = (),
           pad_id: int | None = None, progress: bool = True,
