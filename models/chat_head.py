@@ -151,7 +151,10 @@ def prepare_chat_data(target, tokenizer, work_dir: str | Path, feature_layers: t
         np.savez(chunks / f"{name}.tmp.npz", tokens=rows, prompt_lengths=prompt_lengths,
                  lengths=lengths, **outputs)
         (chunks / f"{name}.tmp.npz").rename(path)
-        _log(log, f"{name}: {len(rows)} rows, {int((lengths - prompt_lengths).sum())} answer "
+        skipped = len(prompts) - len(rows)  # prompts over half a row
+        _log(log, f"{name}: {len(rows)} rows"
+                  + (f" ({skipped} prompts longer than half a row skipped)" if skipped else "")
+                  + f", {int((lengths - prompt_lengths).sum())} answer "
                   f"tokens, generated in {generated:.0f} s, cached in "
                   f"{time.perf_counter() - started - generated:.0f} s")
 
@@ -170,17 +173,18 @@ def prepare_chat_data(target, tokenizer, work_dir: str | Path, feature_layers: t
                        10_000 + index)
 
 
-def load_chat_data(work_dir: str | Path) -> dict:
-    """Every cached chunk, concatenated: tokens, prompt_lengths, lengths, hidden, top_ids,
-    top_probs, and `loss_mask` (positions from the prompt's last token to the one before
-    the answer's last: those whose next token a drafter proposes)."""
+def load_chat_data(work_dir: str | Path, hidden: bool = True) -> dict:
+    """Every cached chunk, concatenated: tokens, prompt_lengths, lengths, hidden (unless
+    `hidden=False`: a draft model reads no target features), top_ids, top_probs, and
+    `loss_mask` (positions from the prompt's last token to the one before the answer's
+    last: those whose next token a drafter proposes)."""
     paths = sorted((Path(work_dir) / "chunks").glob("*_[0-9][0-9][0-9][0-9].npz"))
     if not paths:
         raise FileNotFoundError(f"no cached chunks in {work_dir}/chunks (run prepare_chat_data)")
     parts = []
     for path in paths:
         with np.load(path) as f:
-            parts.append({k: f[k] for k in f.files})
+            parts.append({k: f[k] for k in f.files if hidden or k != "hidden"})
     data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     index_T = np.arange(data["tokens"].shape[1])
     data["loss_mask"] = ((index_T[None] >= data["prompt_lengths"][:, None] - 1)
@@ -202,6 +206,17 @@ def answer_tokens(data: dict) -> np.ndarray:
     return data["tokens"][mask]
 
 
+def heldout_split(rows: int, heldout_rows: int, batch_size: int,
+                  seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(held-out rows, training rows)`, sorted: a random draw over every chunk, so each
+    kind in proportion (the same for every drafter trained with the same seed)."""
+    if rows <= heldout_rows + batch_size:
+        raise ValueError(f"{rows} cached rows cannot give {heldout_rows} held-out rows and a "
+                         f"batch of {batch_size}")
+    order = np.random.default_rng(seed).permutation(rows)
+    return np.sort(order[:heldout_rows]), np.sort(order[heldout_rows:])
+
+
 def train_chat_head(target, target_config, work_dir: str | Path, out_dir: str | Path, *,
                     train_config: TrainConfig, draft_vocab: int | None = 8192,
                     batch_size: int = 16, heldout_rows: int = 32, unroll: int = 4,
@@ -211,13 +226,7 @@ def train_chat_head(target, target_config, work_dir: str | Path, out_dir: str | 
     The last `heldout_rows` rows are held out. Returns the metadata."""
     work_dir, out_dir = Path(work_dir), Path(out_dir)
     data = load_chat_data(work_dir)
-    rows = len(data["tokens"])
-    if rows <= heldout_rows + batch_size:
-        raise ValueError(f"{rows} cached rows cannot give {heldout_rows} held-out rows and a "
-                         f"batch of {batch_size}")
-    # Held-out rows: a random draw over every chunk, so each kind in proportion.
-    order = np.random.default_rng(seed).permutation(rows)
-    held, train_rows = np.sort(order[:heldout_rows]), np.sort(order[heldout_rows:])
+    held, train_rows = heldout_split(len(data["tokens"]), heldout_rows, batch_size, seed)
     vocab_size = target_config.vocab_size
     train_data = {k: v[train_rows] for k, v in data.items()}
     answers = answer_tokens(train_data)
@@ -270,6 +279,41 @@ def _data_seconds(work_dir: str | Path) -> float:
     return float(sum(int(a) + int(b) for a, b in found))
 
 
+def data_summary(work_dir: str | Path) -> str:
+    """One paragraph on the cached data of `work_dir` for a model card: what the answers
+    are, how many of each kind, what was cached and how long it all took."""
+    work_dir = Path(work_dir)
+    kinds = {}
+    for path in sorted((work_dir / "chunks").glob("*_[0-9][0-9][0-9][0-9].npz")):
+        kind = path.stem.split("_")[0]
+        with np.load(path) as f:
+            rows, answers = len(f["tokens"]), int((f["lengths"] - f["prompt_lengths"]).sum())
+            hidden_bytes = f["hidden"].nbytes
+        before = kinds.get(kind, (0, 0, 0))
+        kinds[kind] = (before[0] + rows, before[1] + answers, before[2] + hidden_bytes)
+    settings = json.loads((work_dir / "settings.json").read_text())
+    return (
+        "the target's own answers (written here, nothing downloaded), sampled at temperature "
+        f"{settings['temperature']}, to "
+        + ", ".join(f"{rows} {kind} prompts ({answers} answer tokens)"
+                    for kind, (rows, answers, _) in kinds.items())
+        + " (`models/chat_prompts.py`: questions, writing and code from templates; the rewrite "
+        "prompts quote the first answers; none is in the evaluation set "
+        f"`benchmarks/real_prompts.py`). Rows are prompt + answer, {settings['length']} "
+        "tokens; the target ran once over each row and its top-"
+        f"{settings['top_k']} next-token probabilities and the EAGLE-3 features were cached "
+        f"(float16; {sum(k[2] for k in kinds.values()) / 1e9:.1f} GB of features): "
+        f"{_data_seconds(work_dir) / 60:.0f} minutes of answers and cached outputs "
+        "(`data_log.txt`; settings in `data_settings.json`).")
+
+
+def copy_data_log(out_dir: str | Path, work_dir: str | Path) -> None:
+    """The data phase's log and settings beside a trained drafter."""
+    for name, copy in (("log.txt", "data_log.txt"), ("settings.json", "data_settings.json")):
+        if (Path(work_dir) / name).exists():
+            (Path(out_dir) / copy).write_text((Path(work_dir) / name).read_text())
+
+
 def write_model_card(out_dir: str | Path, work_dir: str | Path) -> None:
     """MODEL_CARD.md for a head written by `train_chat_head` (from its metadata.json and
     head.json, and the data in `work_dir`)."""
@@ -277,13 +321,6 @@ def write_model_card(out_dir: str | Path, work_dir: str | Path) -> None:
     metadata = json.loads((out_dir / "metadata.json").read_text())
     head = json.loads((out_dir / "head.json").read_text())
     config = head["config"]
-    data = load_chat_data(work_dir)
-    kinds = {}
-    for path in sorted((Path(work_dir) / "chunks").glob("*.npz")):
-        kind = path.stem.split("_")[0]
-        with np.load(path) as f:
-            rows, answers = len(f["tokens"]), int((f["lengths"] - f["prompt_lengths"]).sum())
-        kinds[kind] = (kinds.get(kind, (0, 0))[0] + rows, kinds.get(kind, (0, 0))[1] + answers)
     size = (out_dir / "head.npz").stat().st_size / 1e6
     train = metadata["train_config"]
     last = metadata.get("last_eval") or {}
@@ -306,23 +343,14 @@ def write_model_card(out_dir: str | Path, work_dir: str | Path) -> None:
             f"tokens), so each draft forward scores {metadata['draft_vocab']} rows of the LM "
             f"head instead of {metadata['target_vocab']}."),
         f"- Size: {size:.1f} MB float32 (`head.npz`; the target's weights are not stored).",
-        f"- Data (written here, nothing downloaded): the target's own answers, sampled at "
-        f"temperature {json.loads((Path(work_dir) / 'settings.json').read_text())['temperature']}"
-        ", to " + ", ".join(f"{rows} {kind} prompts ({answers} answer tokens)"
-                            for kind, (rows, answers) in kinds.items())
-        + " (`models/chat_prompts.py`: questions, writing and code from templates; the rewrite "
-        "prompts quote the first answers; none is in the evaluation set "
-        "`benchmarks/real_prompts.py`). Rows are prompt + answer, 256 tokens; the target ran "
-        "once over each row and its features and top-32 next-token probabilities were cached "
-        f"(float16; {data['hidden'].nbytes / 1e9:.1f} GB).",
+        f"- Data: {data_summary(work_dir)}",
         f"- Training: {metadata['steps_done']} steps of batch {metadata['batch_size']} x 256, "
         f"loss on answer positions only: soft cross-entropy against the target's top-32 over "
         f"{metadata['unroll']} steps of training-time test, weighted 0.8^j; AdamW (peak LR "
         f"{train['learning_rate']}, {train['warmup_steps']} warmup steps, cosine decay, weight "
         f"decay {train['weight_decay']}, clipping {train['grad_clip']}); "
-        f"{metadata['train_seconds_total'] / 60:.0f} minutes on {metadata.get('device', '?')}, "
-        f"after {_data_seconds(work_dir) / 60:.0f} minutes of answers and cached outputs "
-        "(`data_log.txt`; settings in `data_settings.json`). Loss curve: `history.jsonl`.",
+        f"{metadata['train_seconds_total'] / 60:.0f} minutes on {metadata.get('device', '?')}."
+        " Loss curve: `history.jsonl`.",
         f"- Command: `{metadata.get('command', 'specjax train-drafter --model smollm2')}` "
         "(it makes the data too; rerun to resume: the data phase skips what is on disk).",
         f"- Held-out expected acceptance at temperature 1 over the target's top-32 mass "
@@ -334,6 +362,4 @@ def write_model_card(out_dir: str | Path, work_dir: str | Path) -> None:
         "`SMOLLM2_HEAD` from `specjax_models.chat_head`; CLI: `specjax generate --model "
         "smollm2 --drafter eagle3`, `specjax chat --drafter eagle3`."]
     (out_dir / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
-    for name, copy in (("log.txt", "data_log.txt"), ("settings.json", "data_settings.json")):
-        if (Path(work_dir) / name).exists():
-            (out_dir / copy).write_text((Path(work_dir) / name).read_text())
+    copy_data_log(out_dir, work_dir)

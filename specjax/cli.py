@@ -345,6 +345,15 @@ def _read_prompt(args) -> str:
     return text
 
 
+def _smollm2_draft(args):
+    """The SmolLM2 draft directory: --draft DIR, else the shipped distilled draft; None
+    when neither exists (a --draft checkpoint without draft.json is a full model)."""
+    from specjax_models.chat_draft import SMOLLM2_DRAFT
+
+    directory = args.draft or SMOLLM2_DRAFT
+    return directory if os.path.isfile(os.path.join(directory, "draft.json")) else None
+
+
 def _smollm2_head():
     """The shipped SmolLM2 EAGLE-3 head's directory, or None when absent."""
     from specjax_models.chat_head import SMOLLM2_HEAD
@@ -354,8 +363,9 @@ def _smollm2_head():
 
 def _resolve_drafter_choice(args) -> str:
     """The bundled pair drafts with its draft model; SmolLM2 with prompt lookup (its shipped
-    EAGLE-3 head, `--drafter eagle3`, is still too weak to beat it: see its MODEL_CARD),
-    unless --draft names a checkpoint that shares its tokenizer."""
+    EAGLE-3 head, `--drafter eagle3`, and distilled draft, `--drafter model`, are still too
+    weak to beat it: see their MODEL_CARDs), unless --draft names a draft that shares its
+    tokenizer."""
     if args.drafter is not None:
         return args.drafter
     return "model" if args.model == "bundled" or args.draft else "prompt-lookup"
@@ -409,10 +419,13 @@ def _load_pair(args, sampling, lookup, speculative: bool):
         if args.target:
             raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
                            "loads SmolLM2 itself")
-        if speculative and choice == "model" and not args.draft:
-            raise CliError("SmolLM2 has no bundled draft model: use --drafter prompt-lookup "
-                           "(the default), or --draft DIR with a draft that shares its "
-                           "tokenizer")
+        if speculative and choice == "model" and not args.draft \
+                and _smollm2_draft(args) is None:
+            raise CliError("this checkout has no distilled SmolLM2 draft "
+                           "(models/checkpoints/smollm2_draft): use --drafter prompt-lookup "
+                           "(the default), --draft DIR with a draft that shares its "
+                           "tokenizer, or train one (specjax train-drafter --model smollm2 "
+                           "--method draft --out DIR)")
         target, tokenizer = _smollm2()
     else:
         target, tokenizer = _load(args.target, "target"), specjax_models.ByteTokenizer()
@@ -424,6 +437,15 @@ def _load_pair(args, sampling, lookup, speculative: bool):
         drafter.check(target, sampling)
         if getattr(args, "k_from_heads", False):
             args.num_draft_tokens = drafter.num_heads
+    elif speculative and args.model == "smollm2" and _smollm2_draft(args) is not None:
+        from specjax_models.chat_draft import load_layer_draft
+
+        try:  # a distilled layer draft: its trained layers on SmolLM2's own embedding
+            drafter = load_layer_draft(_smollm2_draft(args), target,
+                                       "greedy" if args.greedy_draft else "sample")
+        except ValueError as error:
+            raise CliError(f"--draft {args.draft}: {error}") from None
+        drafter.check(target, sampling)
     elif speculative:
         drafter = specjax.DraftModel(_load(args.draft, "draft"),
                                      "greedy" if args.greedy_draft else "sample")
@@ -757,6 +779,9 @@ def _train_drafter(args) -> int:
             setattr(args, name, value)
     if args.model == "smollm2":
         return _train_chat_drafter(args)
+    if args.method == "draft":
+        raise CliError("--method draft distils a layer draft of SmolLM2 (--model smollm2); "
+                       "the bundled pair's draft model is distilled with `specjax distill`")
     train_config = _train_config(args)
     _check_dir(args.target, "--target")
     import time
@@ -798,9 +823,7 @@ def _train_drafter(args) -> int:
     last_eval = next((h for h in reversed(result.history) if "heldout_loss" in h), {})
     acceptance = {k: v for k, v in last_eval.items() if k.startswith("acceptance@")}
     result.lm.save(out)
-    import platform
 
-    import jax
 
     seconds = time.perf_counter() - started
     earlier = (json.loads((out / "metadata.json").read_text())
@@ -813,8 +836,7 @@ def _train_drafter(args) -> int:
         "train_seconds_this_run": round(seconds, 1),
         "train_seconds_total": round(earlier.get("train_seconds_total", earlier.get(
             "train_seconds_this_run", 0.0)) + seconds, 1),
-        "device": f"{jax.devices()[0].platform} ({platform.processor() or platform.machine()}, "
-                  f"{os.cpu_count()} cores)",
+        "device": _device_line(),
         "command": "specjax " + " ".join(sys.argv[1:])}, indent=1) + "\n")
     shown = ", ".join(f"{k} {v:.3f}" for k, v in acceptance.items())
     print(f"trained {steps} steps; held-out expected acceptance at t=1: {shown}; saved to "
@@ -822,12 +844,36 @@ def _train_drafter(args) -> int:
     return 0
 
 
+def _device_line() -> str:
+    """Where a drafter trained, for its metadata: "cpu (x86_64, 2 cores)"."""
+    import platform
+
+    import jax
+
+    return (f"{jax.devices()[0].platform} ({platform.processor() or platform.machine()}, "
+            f"{os.cpu_count()} cores)")
+
+
+def _draft_layers(text: str) -> tuple[int, ...]:
+    """--draft-layers "0,1" -> (0, 1)."""
+    try:
+        layers = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise CliError(f"--draft-layers takes target layer indices separated by commas "
+                       f"(e.g. 0,1), got {text!r}") from None
+    if any(layer < 0 for layer in layers):
+        raise CliError(f"--draft-layers takes layer indices >= 0, got {text!r}")
+    return layers
+
+
 def _train_chat_drafter(args) -> int:
     """train-drafter --model smollm2: an EAGLE-3 head from SmolLM2's own chat answers,
     the target's outputs cached once (specjax_models.chat_head)."""
-    if args.method != "eagle3":
-        raise CliError(f"--model smollm2 trains an EAGLE-3 head (--method eagle3); "
-                       f"{args.method} heads train on the bundled target only")
+    if args.method not in ("eagle3", "draft"):
+        raise CliError(f"--model smollm2 trains an EAGLE-3 head (--method eagle3) or a "
+                       f"distilled layer draft (--method draft); {args.method} heads train on "
+                       "the bundled target only")
+    layers = _draft_layers(args.draft_layers)
     if args.target:
         raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
                        "loads SmolLM2 itself")
@@ -839,14 +885,12 @@ def _train_chat_drafter(args) -> int:
                        "--chat-prompts (each rewrite quotes a first answer)")
     if args.draft_vocab is not None and args.draft_vocab < 1:
         raise CliError("--draft-vocab takes a positive size")
-    import platform
     import time
     from pathlib import Path
 
-    import jax
-
     import specjax_models
     from specjax.drafters import eagle3_feature_layers
+    from specjax_models.chat_draft import train_chat_draft, write_draft_card
     from specjax_models.chat_head import (
         ChatDataConfig,
         prepare_chat_data,
@@ -863,6 +907,16 @@ def _train_chat_drafter(args) -> int:
     except ValueError as error:
         raise CliError(str(error).replace("temperature", "--data-temperature")
                        .replace("length", "--seq-len")) from None
+    if args.method == "draft":  # the layers checked against SmolLM2's depth before it loads
+        from specjax_models import select_layers_config
+
+        try:
+            select_layers_config(specjax_models.gguf_config(specjax_models.smollm2_path()),
+                                 layers)
+        except ValueError as error:
+            raise CliError(f"--draft-layers: {error}") from None
+        except (FileNotFoundError, ImportError):
+            pass  # _smollm2 says what to install
     target, tokenizer = _smollm2()
     target_config = specjax_models.gguf_config(specjax_models.smollm2_path())
     _say(f"answers and target outputs (resumable, in {work}/chunks; progress in "
@@ -874,22 +928,35 @@ def _train_chat_drafter(args) -> int:
     except ValueError as error:  # e.g. a work directory made with other settings
         raise CliError(str(error)) from None
     data_seconds = time.perf_counter() - started
-    _say(f"training an EAGLE-3 head (draft vocabulary {args.draft_vocab or 'full'}; the "
-         "target's embedding and LM head shared and frozen)")
-    metadata = train_chat_head(target, target_config, work, out,
-                               train_config=_train_config(args),
-                               draft_vocab=args.draft_vocab or None,
-                               batch_size=args.batch_size,
-                               heldout_rows=args.eval_batches * args.batch_size,
-                               unroll=args.unroll or 4, seed=args.seed,
-                               max_seconds=args.max_seconds)
+    try:
+        if args.method == "draft":
+            _say(f"training a layer draft from SmolLM2's layers {list(layers)} (draft "
+                 f"vocabulary {args.draft_vocab}; the target's embedding and head rows "
+                 "shared and frozen)")
+            metadata = train_chat_draft(target, target_config, work, out, layers=layers,
+                                        train_config=_train_config(args),
+                                        draft_vocab=args.draft_vocab,
+                                        batch_size=args.batch_size,
+                                        heldout_rows=args.eval_batches * args.batch_size,
+                                        seed=args.seed, max_seconds=args.max_seconds)
+        else:
+            _say(f"training an EAGLE-3 head (draft vocabulary {args.draft_vocab or 'full'}; "
+                 "the target's embedding and LM head shared and frozen)")
+            metadata = train_chat_head(target, target_config, work, out,
+                                       train_config=_train_config(args),
+                                       draft_vocab=args.draft_vocab or None,
+                                       batch_size=args.batch_size,
+                                       heldout_rows=args.eval_batches * args.batch_size,
+                                       unroll=args.unroll or 4, seed=args.seed,
+                                       max_seconds=args.max_seconds)
+    except ValueError as error:  # e.g. layers beyond SmolLM2's 30
+        raise CliError(str(error)) from None
     metadata.update({
         "data_seconds_this_run": round(data_seconds, 1),
-        "device": f"{jax.devices()[0].platform} ({platform.processor() or platform.machine()}, "
-                  f"{os.cpu_count()} cores)",
+        "device": _device_line(),
         "command": "specjax " + " ".join(sys.argv[1:])})
     (out / "metadata.json").write_text(json.dumps(metadata, indent=1) + "\n")
-    write_model_card(out, work)
+    (write_draft_card if args.method == "draft" else write_model_card)(out, work)
     last = metadata["last_eval"] or {}
     shown = ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k.startswith("acceptance@"))
     print(f"trained {metadata['steps_done']} steps; held-out expected acceptance at t=1 "
@@ -974,7 +1041,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--target", default=None,
                      help="target checkpoint directory (default: the bundled target)")
     gen.add_argument("--draft", default=None,
-                     help="draft checkpoint directory (default: the bundled draft)")
+                     help="draft checkpoint directory, or with --model smollm2 a layer "
+                          "draft from `specjax train-drafter --method draft` (default: the "
+                          "bundled draft; smollm2: its shipped distilled draft)")
     gen.add_argument("--num-draft-tokens", type=int, default=None,
                      help="K, drafts verified per target forward (default: 6; Medusa: its "
                           "number of heads)")
@@ -1028,10 +1097,12 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--model", choices=["smollm2"], default="smollm2",
                     help="the chat model (default: %(default)s)")
     ch.add_argument("--draft", default=None,
-                    help="a draft checkpoint sharing SmolLM2's tokenizer (default: none, "
-                         "prompt lookup drafts)")
+                    help="a draft sharing SmolLM2's tokenizer: a checkpoint, or a layer "
+                         "draft from `specjax train-drafter --model smollm2 --method draft` "
+                         "(default: none, prompt lookup drafts)")
     ch.add_argument("--drafter", choices=["model", "prompt-lookup", "eagle3"], default=None,
-                    help="default: prompt-lookup (model when --draft is given); eagle3: "
+                    help="default: prompt-lookup (model when --draft is given); model: "
+                         "SmolLM2's shipped distilled layer draft, or --draft DIR; eagle3: "
                          "SmolLM2's shipped EAGLE-3 head, or --head DIR")
     ch.add_argument("--head", default=None,
                     help="an EAGLE-3 head trained on SmolLM2 (specjax train-drafter --model "
@@ -1084,19 +1155,26 @@ def build_parser() -> argparse.ArgumentParser:
                         "continuations of corpus prompts (generated once, cached in "
                         "OUT/data.npz), the target frozen inside each step; resumable orbax "
                         "checkpoints, held-out expected acceptance per draft depth. With "
-                        "--model smollm2: an EAGLE-3 head on SmolLM2's answers, its outputs "
+                        "--model smollm2: an EAGLE-3 head (--method eagle3) or a distilled "
+                        "layer draft (--method draft) on SmolLM2's answers, its outputs "
                         "cached once. Options left unset take per-model defaults: bundled "
                         "--steps 1500 --batch-size 32 --learning-rate 3e-3 --seq-len 128 "
                         "--checkpoint-every 250 --eval-every 250; smollm2 --steps 600 "
                         "--batch-size 16 --learning-rate 1e-3 --seq-len 256 "
                         "--checkpoint-every 25 --eval-every 50.")
-    td.add_argument("--method", choices=["medusa", "eagle", "eagle3", "mtp"], required=True,
+    td.add_argument("--method", choices=["medusa", "eagle", "eagle3", "mtp", "draft"],
+                    required=True,
                     help="medusa: heads on the last hidden state; eagle: EAGLE-1 (feature "
                          "regression); eagle3: EAGLE-3 (three fused layers, training-time "
-                         "test); mtp: a DeepSeek-V3 MTP module reused recursively")
+                         "test); mtp: a DeepSeek-V3 MTP module reused recursively; draft "
+                         "(smollm2): a small draft model of some of the target's layers "
+                         "(--draft-layers), distilled on the same cached answers")
+    td.add_argument("--draft-layers", default="0,1",
+                    help="--method draft: the target layers the draft starts from, run in "
+                         "this order (default: %(default)s)")
     td.add_argument("--model", choices=["bundled", "smollm2"], default="bundled",
                     help="bundled: the byte-level target (or --target); smollm2: "
-                         "SmolLM2-135M-Instruct (eagle3 only), trained on its own answers "
+                         "SmolLM2-135M-Instruct (eagle3 or draft), trained on its own answers "
                          "to chat and rewrite prompts written for this project, its outputs "
                          "cached once in --work (default: %(default)s)")
     td.add_argument("--target", default=None,

@@ -275,14 +275,38 @@ def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
     return Verdict(path_BK, num_accepted_B, emitted_BK1)
 
 
+def verify_widths(drafter, config: SpeculativeConfig) -> tuple[int, ...]:
+    """The numbers of drafts a chain step may verify when the drafter says how many of its
+    drafts are real (`Proposal.num_real`): 0 (a one-token forward) or all K, or every
+    width from 0 to K for a drafter whose count is graded (`graded_num_real`, e.g. a
+    confidence threshold). Each width is its own compiled target forward."""
+    k = config.num_draft_tokens
+    return tuple(range(k + 1)) if getattr(drafter, "graded_num_real", False) else (0, k)
+
+
+def _pad_verdict(verdict: Verdict, hidden, width: int):
+    """A verdict and hidden states over `w` drafts padded to `width` drafts (nothing past
+    w is accepted; hidden states past w are 0)."""
+    batch, verified = verdict.path.shape
+    extra = width - verified
+    path = jnp.concatenate([verdict.path, jnp.full((batch, extra), -1, jnp.int32)], axis=1)
+    emitted = jnp.concatenate([verdict.emitted, jnp.broadcast_to(
+        verdict.emitted[:, -1:], (batch, extra))], axis=1)
+    pad = [(0, 0), (0, extra)] + [(0, 0)] * (hidden.ndim - 2)
+    return Verdict(path, verdict.num_accepted, emitted), jnp.pad(hidden, pad)
+
+
 def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Proposal,
                       config: SpeculativeConfig, keys: tuple[Array, Array],
-                      feature_layers: tuple[int, ...]):
+                      feature_layers: tuple[int, ...], widths: tuple[int, ...] = ()):
     """(b, c, d) Verify the proposal in one target forward and accept exactly. Returns
-    `(verdict, hidden, target_cache, verified)`: `verified` (bool scalar) is False when the
-    step ran a one-token forward instead because no running row had a real draft
-    (`Proposal.num_real`): then the next token is drawn from the target at the last
-    committed token, as plain decoding does, and no draft is accepted."""
+    `(verdict, hidden, target_cache, verified)`: `verified` (int32 scalar) is the number of
+    drafts the step verified. With `Proposal.num_real`, it is the smallest of `widths`
+    (see `verify_widths`) that covers every running row's real drafts: the step verifies
+    only the first `verified` drafts (a chain of that many, drawn as every chain is, so
+    the acceptance stays exact), and with 0 it runs a one-token forward: the next token is
+    drawn from the target at the last committed token, as plain decoding does."""
+    num_drafts = proposal.tokens.shape[1]
 
     def full(_):
         logits_BN1V, hidden, target_cache = verify(target, state, proposal, config,
@@ -290,7 +314,22 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
         return accept(keys, proposal, logits_BN1V, config), hidden, target_cache
 
     if proposal.num_real is None:  # static: drafters that always offer real drafts
-        return *full(None), jnp.bool_(True)
+        return *full(None), jnp.int32(num_drafts)
+
+    def first(width: int):
+        """Verify and accept the first `width` drafts only (0 < width < K)."""
+
+        def run(_):
+            shorter = Proposal(tokens=proposal.tokens[:, :width],
+                               q=None if proposal.q is None else proposal.q[:, :width])
+            short_config = dataclasses.replace(config, num_draft_tokens=width)
+            logits, hidden, target_cache = verify(target, state, shorter, short_config,
+                                                  feature_layers)
+            verdict, hidden = _pad_verdict(accept(keys, shorter, logits, short_config),
+                                           hidden, num_drafts)
+            return verdict, hidden, target_cache
+
+        return run
 
     def narrow(_):
         lengths_B = state.lengths
@@ -303,16 +342,20 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
         else:
             p_BV = probabilities(logits_B1V[:, 0], config.sampling)
             next_B = sample_from_probs(row_keys(keys[1], p_BV.shape[0]), p_BV)
-        batch, width = proposal.tokens.shape
-        verdict = Verdict(path=jnp.full((batch, width), -1, jnp.int32),
+        batch = proposal.tokens.shape[0]
+        verdict = Verdict(path=jnp.zeros((batch, 0), jnp.int32),
                           num_accepted=jnp.zeros((batch,), jnp.int32),
-                          emitted=jnp.broadcast_to(next_B[:, None], (batch, width + 1)))
-        pad = [(0, 0), (0, width)] + [(0, 0)] * (hidden_B1.ndim - 2)
-        return verdict, jnp.pad(hidden_B1, pad), target_cache
+                          emitted=next_B[:, None])
+        verdict, hidden = _pad_verdict(verdict, hidden_B1, num_drafts)
+        return verdict, hidden, target_cache
 
-    any_real = jnp.any((proposal.num_real > 0) & ~state.done)
-    verdict, hidden, target_cache = jax.lax.cond(any_real, full, narrow, None)
-    return verdict, hidden, target_cache, any_real
+    widths = widths or (0, num_drafts)
+    branches = [narrow if w == 0 else full if w == num_drafts else first(w) for w in widths]
+    needed = jnp.max(jnp.where(state.done, 0, jnp.clip(proposal.num_real, 0, num_drafts)))
+    # The smallest listed width >= needed (the last, K, covers every row).
+    index = jnp.sum(jnp.asarray(widths, jnp.int32) < needed)
+    verdict, hidden, target_cache = jax.lax.switch(index, branches, None)
+    return verdict, hidden, target_cache, jnp.asarray(widths, jnp.int32)[index]
 
 
 def emit(state: SpeculativeState, verdict: Verdict):
@@ -346,8 +389,9 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     """One speculative step for every row still running (pure; jit with `config` static).
 
     (a) propose: the drafter proposes N nodes per row (a chain of K drafts, or a tree);
-    (b) verify: the target runs ONCE on the last committed token plus the N nodes (or on
-        the last token alone when no running row has a real draft, `Proposal.num_real`);
+    (b) verify: the target runs ONCE on the last committed token plus the N nodes (or
+        the first few of a chain, down to the last token alone, when the running rows'
+        real drafts, `Proposal.num_real`, are fewer);
     (c, d) accept: exact acceptance for all rows at once, then the correction or bonus;
     (e) emit: each row commits its own number of tokens (cut at EOS and max_new_tokens);
     commit: a tree's accepted path moves to contiguous cache slots, the drafter hears the
@@ -361,7 +405,7 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     drafter_state, proposal = propose(drafter, state, k_draft, config, target.vocab_size)
     verdict, hidden_BN1D, target_cache, verified = verify_and_accept(
         target, state, proposal, config, (k_accept, k_resample),
-        feature_layers_of(drafter) or ())
+        feature_layers_of(drafter) or (), verify_widths(drafter, config))
     sequence, new_lengths_B, num_emitted_B, done_B = emit(state, verdict)
     num_accepted_B = verdict.num_accepted
     if config.tree is not None and not config.tree.is_chain:
@@ -376,7 +420,7 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     num_nodes = config.num_draft_tokens
     depth = verdict.path.shape[1]
     active_i = active_B.astype(jnp.int32)
-    verified_i = active_i * verified.astype(jnp.int32)  # rows whose drafts were verified
+    verified_i = active_i * (verified > 0).astype(jnp.int32)  # rows whose drafts were verified
     on_path_BN = jnp.any(verdict.path[:, :, None] == jnp.arange(num_nodes)[None, None, :],
                          axis=1)
     return SpeculativeState(
@@ -386,7 +430,7 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
         target_forwards=state.target_forwards + active_i,
         draft_forwards=state.draft_forwards + active_i * drafter.forwards_per_step(
             num_nodes, **({} if config.tree is None else {"tree": config.tree})),
-        proposed=state.proposed + verified_i * num_nodes,
+        proposed=state.proposed + active_i * verified,
         checked=state.checked + verified_i * jnp.minimum(num_accepted_B + 1, depth),
         accepted=state.accepted + active_i * num_accepted_B,
         accepted_per_position=state.accepted_per_position

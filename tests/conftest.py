@@ -65,6 +65,40 @@ def micro_drafts(micro_lm) -> dict:
 
 
 
+class ToyChatTokenizer:
+    """A chat template over the tiny vocabulary: [1] + one id per word + [2]; id 0 ends a
+    turn."""
+
+    eos_ids = [0]
+
+    def apply_chat_template(self, messages):
+        return [1] + [3 + len(w) % 29 for w in messages[-1]["content"].split()] + [2]
+
+    def decode(self, ids):
+        return "word. " * len(ids)
+
+
+def _chat_data_config():
+    from specjax_models.chat_head import ChatDataConfig
+
+    return ChatDataConfig(chat=6, rewrite=2, length=48, rewrite_text_tokens=8, top_k=4,
+                          chunk=4)
+
+
+CHAT_DATA = _chat_data_config()
+
+
+@pytest.fixture(scope="session")
+def chat_work(tiny_lm, tmp_path_factory):
+    """tiny_lm's answers to 6 + 2 chat prompts through the toy template, with its cached
+    outputs (EAGLE-3 features of layers 0 and 1): a chat drafters' work directory."""
+    from specjax_models.chat_head import prepare_chat_data
+
+    directory = tmp_path_factory.mktemp("chat_work")
+    prepare_chat_data(tiny_lm, ToyChatTokenizer(), directory, (0, 1), CHAT_DATA)
+    return directory
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """Drop JAX's compiled programs after each test module. The suite compiles hundreds of

@@ -6,7 +6,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import CHAT_DATA, ToyChatTokenizer, tiny_config
 
 from specjax.training import TrainConfig
 from specjax_models.chat_head import (
@@ -18,30 +18,12 @@ from specjax_models.chat_head import (
     write_model_card,
 )
 
-END = 0  # the toy template's end-of-turn id
-
-
-class ToyChatTokenizer:
-    """A chat template over the tiny vocabulary: [1] + one id per word + [2]."""
-
-    eos_ids = [END]
-
-    def apply_chat_template(self, messages):
-        return [1] + [3 + len(w) % 29 for w in messages[-1]["content"].split()] + [2]
-
-    def decode(self, ids):
-        return "word. " * len(ids)
-
-
-CONFIG = ChatDataConfig(chat=6, rewrite=2, length=48, rewrite_text_tokens=8, top_k=4,
-                        chunk=4)
+CONFIG = CHAT_DATA
 
 
 @pytest.fixture(scope="module")
-def work(tiny_lm, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("chat_head")
-    prepare_chat_data(tiny_lm, ToyChatTokenizer(), directory, (0, 1), CONFIG)
-    return directory
+def work(chat_work):
+    return chat_work
 
 
 def test_rows_are_prompt_then_answer_with_the_target_outputs(tiny_lm, work):

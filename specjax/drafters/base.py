@@ -68,11 +68,13 @@ class Proposal:
     [B, N], each node's parent (-1 = the last committed token, else an earlier node;
     siblings in draw order), only for a `DynamicTree` step, where each row has its own
     tree (a chain or a static tree's shape is in the config). num_real: optional int32
-    [B], chains only: how many of the row's drafts are real guesses (0 for a row with
-    nothing to offer, e.g. prompt lookup without a match, whose drafts are filler). When
-    no running row has a real draft, the step verifies nothing and runs a one-token
-    forward instead (plain decoding's cost); otherwise every row's drafts are verified
-    as usual. Either way the output is exact.
+    [B], chains only: how many of the row's leading drafts are worth verifying (0 for a
+    row with nothing to offer, e.g. prompt lookup without a match, whose drafts are
+    filler; fewer than K when a confident drafter doubts its later drafts). The step
+    verifies only as many drafts as the running rows need (`speculative.verify_widths`):
+    none, a one-token forward at plain decoding's cost, when no row has a real draft; all
+    K otherwise, or, for a drafter with `graded_num_real = True`, the longest row's count.
+    The choice depends on the drafts alone, so the output stays exact.
     """
 
     tokens: Int[Array, "B N"]
@@ -140,6 +142,27 @@ def scatter_to_vocab(logits_BV: Array, draft_vocab: Array, vocab_size: int) -> A
     from."""
     full = jnp.full(logits_BV.shape[:-1] + (vocab_size,), -jnp.inf, jnp.float32)
     return full.at[..., draft_vocab].set(logits_BV.astype(jnp.float32))
+
+
+def token_confidence(logits_BV: Array, token_B: Array) -> Array:
+    """float32 [B]: the draft's own probability of each chosen token at temperature 1."""
+    log_probs_BV = jax.nn.log_softmax(logits_BV.astype(jnp.float32), axis=-1)
+    return jnp.exp(jnp.take_along_axis(log_probs_BV, token_B[:, None], axis=1)[:, 0])
+
+
+def confident_drafts(confidence_BK: Array, min_confidence: float) -> Array:
+    """int32 [B]: how many leading drafts keep a cumulative confidence (the product of the
+    draft's probabilities of its tokens so far, its estimate that the whole prefix is
+    accepted) of at least `min_confidence`: the drafts worth verifying (`num_real`)."""
+    cumulative_BK = jnp.cumprod(confidence_BK.astype(jnp.float32), axis=1)
+    return jnp.sum(cumulative_BK >= min_confidence, axis=1).astype(jnp.int32)
+
+
+def check_min_confidence(value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0.0 < value <= 1.0):
+        raise ValueError(f"min_confidence must be None (verify every draft) or a number in "
+                         f"(0, 1], got {value!r}")
 
 
 class Drafter(Protocol):

@@ -24,8 +24,11 @@ from specjax.drafters.base import (
     Commit,
     DraftContext,
     Proposal,
+    check_min_confidence,
+    confident_drafts,
     draft_vocab_ids,
     scatter_to_vocab,
+    token_confidence,
 )
 from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
 from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
@@ -113,6 +116,11 @@ class DraftModel:
       vocabulary, e.g. `specjax_models.select_layers(target, layers, draft_vocab=ids)`).
       Every other id gets draft probability 0 (q is exactly the distribution drawn
       from, so still exact).
+    min_confidence: chains only: verify only the leading drafts whose cumulative
+      confidence (the product of the draft's temperature-1 probabilities of its tokens)
+      reaches this, down to a one-token step when the first does not (`Proposal.
+      num_real`; every width 0..K is then its own compiled verify). Pays where a wider
+      verify costs more than a one-token step (CPUs); None (default) verifies all K.
 
     A pytree: the draft's parameters (and draft_vocab) are its leaves, `method` and
     `max_vocab_padding` static.
@@ -123,12 +131,14 @@ class DraftModel:
     _: dataclasses.KW_ONLY
     max_vocab_padding: int = dataclasses.field(default=1024, metadata={"static": True})
     draft_vocab: Array | None = None
+    min_confidence: float | None = dataclasses.field(default=None, metadata={"static": True})
 
     def __post_init__(self):
         if not isinstance(self.lm, CausalLM):
             raise TypeError(f"DraftModel needs a specjax.CausalLM, got {type(self.lm).__name__}")
         if self.method not in DRAFT_METHODS:
             raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
+        check_min_confidence(self.min_confidence)
         if isinstance(self.draft_vocab, (list, tuple, np.ndarray)):  # one leaf, not many
             object.__setattr__(self, "draft_vocab", jnp.asarray(self.draft_vocab, jnp.int32))
 
@@ -151,6 +161,11 @@ class DraftModel:
                 f"{target.vocab_size} differ by {diff} ids: draft and target must share a "
                 "tokenizer. If one vocabulary really is a padded prefix of the other, pass "
                 f"DraftModel(..., max_vocab_padding={diff})")
+
+    @property
+    def graded_num_real(self) -> bool:
+        """With min_confidence, a chain's step verifies any number of drafts from 0 to K."""
+        return self.min_confidence is not None
 
     # Trees: `propose(..., tree=TreeShape)` drafts every node of a static tree;
     # `tree=DynamicTree` grows an EAGLE-2 tree per row.
@@ -216,15 +231,28 @@ class DraftModel:
             logits_B1V, _, cache = self.lm.apply(self._clip(token_B)[:, None],
                                                  position_B[:, None], cache, position_B)
             next_B, q_BV = self._draw(step_key, logits_B1V[:, 0], sampling, vocab_size)
-            return (cache, next_B, position_B + 1), (next_B, q_BV)
+            confidence = () if self.min_confidence is None else (
+                self._confidence(logits_B1V[:, 0], next_B, vocab_size),)
+            return (cache, next_B, position_B + 1), (next_B, q_BV, *confidence)
 
-        (cache, _, _), (rest_KB, rest_q_KBV) = jax.lax.scan(
+        (cache, _, _), (rest_KB, rest_q_KBV, *rest_confidence) = jax.lax.scan(
             draft_one, (cache, token_B, lengths_B), step_keys[1:])
         tokens_BK = jnp.concatenate([token_B[:, None], rest_KB.T], axis=1)
         q_BKV = jnp.concatenate([q_BV[:, None], jnp.transpose(rest_q_KBV, (1, 0, 2))], axis=1)
+        num_real_B = None
+        if self.min_confidence is not None:  # static
+            confidence_BK = jnp.concatenate(
+                [self._confidence(first_logits_BV, token_B, vocab_size)[:, None],
+                 rest_confidence[0].T],
+                axis=1)
+            num_real_B = confident_drafts(confidence_BK, self.min_confidence)
         # The draft fed the last committed token and drafts 1..K-1.
         new_state = DraftModelState(cache, lengths_B - 1 + num_draft_tokens)
-        return new_state, Proposal(tokens=tokens_BK, q=q_BKV)
+        return new_state, Proposal(tokens=tokens_BK, q=q_BKV, num_real=num_real_B)
+
+    def _confidence(self, logits_BV: Array, token_B: Array, vocab_size: int) -> Array:
+        """The draft's temperature-1 probability of each drafted (target) id."""
+        return token_confidence(self._target_logits(logits_BV, vocab_size), token_B)
 
     def _children(self, key: Array, logits_BV: Array, ranks: int, sampling: SamplingConfig,
                   vocab_size: int):

@@ -36,8 +36,11 @@ from specjax.drafters.base import (
     Commit,
     DraftContext,
     Proposal,
+    check_min_confidence,
+    confident_drafts,
     draft_vocab_ids,
     scatter_to_vocab,
+    token_confidence,
 )
 from specjax.drafters.draft_model import DRAFT_METHODS, draw_children
 from specjax.drafters.feature_head import (
@@ -101,6 +104,11 @@ class Eagle:
     config: the head's static shape. method: "sample" (draft from the head's warped
       distribution, q = that distribution) or "greedy" (argmax, one-hot q); trees use
       sampled or top-k children likewise, dynamic trees always top-k.
+    min_confidence: chains only: verify only the leading drafts whose cumulative
+      confidence (the product of the head's temperature-1 probabilities of its tokens)
+      reaches this, down to a one-token step when the first does not (`Proposal.
+      num_real`; every width 0..K is then its own compiled verify). Pays where a wider
+      verify costs more than a one-token step (CPUs); None (default) verifies all K.
     """
 
     params: dict
@@ -109,6 +117,7 @@ class Eagle:
     config: FeatureHeadConfig = dataclasses.field(metadata={"static": True})
     method: str = dataclasses.field(default="sample", metadata={"static": True})
     draft_vocab: Array | None = None
+    min_confidence: float | None = dataclasses.field(default=None, metadata={"static": True})
 
     reads_target_features: ClassVar[bool] = True
     drafts_trees: ClassVar[bool] = True
@@ -119,6 +128,7 @@ class Eagle:
             raise TypeError(f"config must be a FeatureHeadConfig, got {type(self.config)}")
         if self.method not in DRAFT_METHODS:
             raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
+        check_min_confidence(self.min_confidence)
         for name in ("embedding", "lm_head"):
             shape = getattr(getattr(self, name), "shape", None)
             if shape is not None and (len(shape) != 2 or shape[1] != self.config.d_model):
@@ -138,6 +148,11 @@ class Eagle:
     @property
     def feature_layers(self) -> tuple[int, ...]:
         return self.config.feature_layers
+
+    @property
+    def graded_num_real(self) -> bool:
+        """With min_confidence, a chain's step verifies any number of drafts from 0 to K."""
+        return self.min_confidence is not None
 
     def with_params(self, params: dict) -> Eagle:
         return dataclasses.replace(self, params=params)
@@ -257,23 +272,34 @@ class Eagle:
         if tree is not None:
             return self._propose_tree(state, key, tree, sampling, vocab_size)
         step_keys = jax.random.split(key, num_draft_tokens)
-        token_B, q_BV = self._draw(step_keys[0], self._logits(state.root_hidden), sampling)
+        root_logits_BV = self._logits(state.root_hidden)
+        token_B, q_BV = self._draw(step_keys[0], root_logits_BV, sampling)
 
         def draft_one(carry, step_key):
             keys, values, token_B, feature_BD, position_B = carry
             out_B1D, keys, values = self._block(token_B[:, None], feature_BD[:, None],
                                                 position_B[:, None], keys, values, position_B)
-            next_B, q_BV = self._draw(step_key, self._logits(out_B1D[:, 0]), sampling)
-            return (keys, values, next_B, out_B1D[:, 0], position_B + 1), (next_B, q_BV)
+            logits_BV = self._logits(out_B1D[:, 0])
+            next_B, q_BV = self._draw(step_key, logits_BV, sampling)
+            confidence = () if self.min_confidence is None else (
+                token_confidence(logits_BV, next_B),)
+            return (keys, values, next_B, out_B1D[:, 0], position_B + 1), (next_B, q_BV,
+                                                                          *confidence)
 
         lengths_B = state.cache_lengths
-        (keys, values, _, _, _), (rest_KB, rest_q_KBV) = jax.lax.scan(
+        (keys, values, _, _, _), (rest_KB, rest_q_KBV, *rest_confidence) = jax.lax.scan(
             draft_one, (state.keys, state.values, token_B, state.root_hidden, lengths_B),
             step_keys[1:])
         tokens_BK = jnp.concatenate([token_B[:, None], rest_KB.T], axis=1)
         q_BKV = jnp.concatenate([q_BV[:, None], jnp.transpose(rest_q_KBV, (1, 0, 2))], axis=1)
+        num_real_B = None
+        if self.min_confidence is not None:  # static
+            confidence_BK = jnp.concatenate(
+                [token_confidence(root_logits_BV, token_B)[:, None], rest_confidence[0].T],
+                axis=1)
+            num_real_B = confident_drafts(confidence_BK, self.min_confidence)
         return (dataclasses.replace(state, keys=keys, values=values),
-                Proposal(tokens=tokens_BK, q=q_BKV))
+                Proposal(tokens=tokens_BK, q=q_BKV, num_real=num_real_B))
 
     def _propose_tree(self, state: EagleState, key: Array, tree: TreeShape,
                       sampling: SamplingConfig, vocab_size: int):
