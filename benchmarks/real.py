@@ -107,6 +107,9 @@ def main() -> None:
                              "present)")
     parser.add_argument("--draft-ks", type=int, nargs="+", default=[4],
                         help="chain lengths for the distilled draft (default: 4)")
+    parser.add_argument("--confidences", type=float, nargs="*", default=[],
+                        help="also run each trained drafter with min_confidence=C: each "
+                             "step verifies only its confident drafts (default: none)")
     parser.add_argument("--skip", nargs="*", default=[],
                         help="decoders to leave out, e.g. '4-layer self-draft'")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
@@ -136,6 +139,9 @@ def main() -> None:
         head = load_head_for(head_dir, target)
         for k in args.head_ks:
             drafters[f"EAGLE-3 head (K={k})"] = (head, k)
+            for c in args.confidences:
+                drafters[f"EAGLE-3 head (K={k}, confidence {c})"] = (
+                    dataclasses.replace(head, min_confidence=c), k)
     from specjax_models.chat_draft import SMOLLM2_DRAFT, load_layer_draft
 
     draft_dir = args.draft or (SMOLLM2_DRAFT if (SMOLLM2_DRAFT / "draft.json").exists()
@@ -147,6 +153,9 @@ def main() -> None:
         depth = len(json.loads((Path(draft_dir) / "draft.json").read_text())["layers"])
         for k in args.draft_ks:
             drafters[f"distilled {depth}-layer draft (K={k})"] = (distilled, k)
+            for c in args.confidences:
+                drafters[f"distilled {depth}-layer draft (K={k}, confidence {c})"] = (
+                    dataclasses.replace(distilled, min_confidence=c), k)
     ours_names = ["plain"] + [n for n in drafters if n not in args.skip]
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent) if hasattr(path, "parent") else path, gguf_file=path.name,
@@ -254,6 +263,10 @@ def write_report(args, rows, line: dict | None = None) -> None:
         extra += " --head-ks " + " ".join(map(str, args.head_ks))
     if getattr(args, "draft_ks", [4]) != [4]:
         extra += " --draft-ks " + " ".join(map(str, args.draft_ks))
+    if getattr(args, "confidences", []):
+        extra += " --confidences " + " ".join(map(str, args.confidences))
+    if getattr(args, "modes", list(MODES)) != list(MODES):
+        extra += " --modes " + " ".join(f"'{m}'" for m in args.modes)
     if getattr(args, "skip", None):
         extra += " --skip " + " ".join(f"'{n}'" for n in args.skip)
     if getattr(args, "name", "real_cpu") != "real_cpu":
@@ -273,7 +286,11 @@ def write_report(args, rows, line: dict | None = None) -> None:
              + ("; the EAGLE-3 head is models/checkpoints/smollm2_eagle3 (see its "
                 "MODEL_CARD)" if heads else "")
              + ("; the distilled draft is models/checkpoints/smollm2_draft (see its "
-                "MODEL_CARD)" if distilled else "") + ". Tokens/s over all requests of a kind, "
+                "MODEL_CARD)" if distilled else "")
+             + ("; 'confidence C': min_confidence = C, each step verifies only the leading "
+                "drafts whose cumulative draft probability reaches C (none: a one-token step)"
+                if getattr(args, "confidences", []) else "")
+             + ". Tokens/s over all requests of a kind, "
              "compile excluded, prefill included, median of alternating "
              "passes; ratios from the same run. Decode phase (batch 1): each request "
              "also run for one new token (prefill and the first step), and the tokens after "

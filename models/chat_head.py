@@ -2,7 +2,9 @@
 on this machine from the model's own answers, with the target run once per sequence.
 
 Three resumable phases in a work directory (each writes its files as it goes, and a
-rerun skips what is on disk):
+rerun skips what is on disk; a rerun with more chat or rewrite prompts adds chunks to the
+same directory, as long as the earlier counts filled whole chunks and the earlier run had
+as many quotable answers as rewrite prompts):
 
 1. answers: the target answers `chat_prompts` (questions, writing, code) through its chat
    template, sampled at `temperature` (stage 1); then `rewrite_prompts` ask it to rewrite,
@@ -114,6 +116,22 @@ def _quotable(tokenizer, rows, prompt_lengths, lengths, most_tokens: int) -> lis
     return texts
 
 
+def _check_growth(made: ChatDataConfig, wanted: ChatDataConfig, work_dir: Path) -> None:
+    """A work directory may grow (more chat or rewrite prompts: the prompt lists, chunk
+    boundaries and keys of the existing chunks stay the same, so they are reused and the
+    new prompts go into new chunks); any other change is refused."""
+    same = dataclasses.replace(wanted, chat=made.chat, rewrite=made.rewrite) == made
+    grows = wanted.chat >= made.chat and wanted.rewrite >= made.rewrite
+    # A partial last chunk would be reused as if it were whole.
+    whole = all(count == new or count % made.chunk == 0 for count, new in
+                ((made.chat, wanted.chat), (made.rewrite, wanted.rewrite)))
+    if not (same and grows and whole):
+        raise ValueError(f"{work_dir} holds data made with other settings "
+                         f"({work_dir / 'settings.json'}): only more chat or rewrite prompts "
+                         "(whole chunks) may be added to it; use another work directory or "
+                         "delete it")
+
+
 def prepare_chat_data(target, tokenizer, work_dir: str | Path, feature_layers: tuple,
                       config: ChatDataConfig = ChatDataConfig()) -> None:
     """Phases 1 and 2 (see the module docstring) into `work_dir/chunks/`; resumable."""
@@ -121,11 +139,9 @@ def prepare_chat_data(target, tokenizer, work_dir: str | Path, feature_layers: t
     chunks = work_dir / "chunks"
     chunks.mkdir(parents=True, exist_ok=True)
     settings = work_dir / "settings.json"
-    wanted = json.dumps(dataclasses.asdict(config), sort_keys=True)
-    if settings.exists() and settings.read_text() != wanted:
-        raise ValueError(f"{work_dir} holds data made with other settings ({settings}); use "
-                         "another work directory or delete it")
-    settings.write_text(wanted)
+    if settings.exists():
+        _check_growth(ChatDataConfig(**json.loads(settings.read_text())), config, work_dir)
+    settings.write_text(json.dumps(dataclasses.asdict(config), sort_keys=True))
     log = work_dir / "log.txt"
     # The weights are an argument: closed over, they would be folded into the program.
     cache = jax.jit(lambda params, tokens: cache_target_outputs(

@@ -309,7 +309,28 @@ def _validate_generate(args):
                                       min_ngram_size=args.min_ngram_size)
     except ValueError as error:  # the library's own messages, with the option's name
         raise CliError(str(error).replace("num_draft_tokens", "--num-draft-tokens")) from None
-    return sampling, lookup, _parse_tree(args)
+    tree = _parse_tree(args)
+    _check_min_confidence(args, tree)
+    return sampling, lookup, tree
+
+
+def _check_min_confidence(args, tree) -> None:
+    """--min-confidence: a drafter that scores its drafts, chains only, a value in (0, 1]."""
+    value = getattr(args, "min_confidence", None)
+    if value is None:
+        return
+    from specjax.drafters.base import check_min_confidence
+
+    try:
+        check_min_confidence(value)
+    except ValueError as error:
+        raise CliError(str(error).replace("min_confidence", "--min-confidence")) from None
+    if _resolve_drafter_choice(args) not in ("model", "eagle", "eagle3", "mtp"):
+        raise CliError("--min-confidence needs a drafter that scores its drafts (--drafter "
+                       "model, eagle, eagle3 or mtp)")
+    if tree is not None:
+        raise CliError("--min-confidence is for chains (each step verifies its confident "
+                       "drafts); a --dynamic-tree already keeps the likeliest nodes")
 
 
 def _parse_tree(args):
@@ -450,6 +471,10 @@ def _load_pair(args, sampling, lookup, speculative: bool):
         drafter = specjax.DraftModel(_load(args.draft, "draft"),
                                      "greedy" if args.greedy_draft else "sample")
         drafter.check(target, sampling)  # the library's vocabulary check, before decoding
+    if drafter is not None and getattr(args, "min_confidence", None) is not None:
+        import dataclasses
+
+        drafter = dataclasses.replace(drafter, min_confidence=args.min_confidence)
     return target, drafter, tokenizer
 
 
@@ -1053,6 +1078,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="at most this many new tokens (default: %(default)s)")
     gen.add_argument("--greedy-draft", action="store_true",
                      help="draft argmax tokens with one-hot q (exact too)")
+    gen.add_argument("--min-confidence", type=float, default=None, metavar="C",
+                     help="draft model / EAGLE heads, chains: verify only the leading drafts "
+                          "whose cumulative draft probability reaches C, a one-token step "
+                          "when none does (pays where a wide verify costs more than a "
+                          "one-token step, as on CPUs; default: verify all K)")
     gen.add_argument("--dynamic-tree", default=None, metavar="NODES,DEPTH,TOP_K",
                      help="draft an EAGLE-2 dynamic token tree per step instead of a chain "
                           "of K: NODES verified per target forward, at most DEPTH deep, "
@@ -1120,6 +1150,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="after each reply, decode it again plainly and report the speedup "
                          "measured on the same request (compile excluded)")
     ch.add_argument("--greedy-draft", action="store_true", help=argparse.SUPPRESS)
+    ch.add_argument("--min-confidence", type=float, default=None, metavar="C",
+                    help="--drafter model / eagle3: verify only the leading drafts whose "
+                         "cumulative draft probability reaches C (default: all K)")
     ch.add_argument("--max-ngram-size", type=int, default=3,
                     help="prompt lookup: longest n-gram matched (default: %(default)s)")
     ch.add_argument("--min-ngram-size", type=int, default=2,
@@ -1183,7 +1216,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="smollm2: where the answers and cached target outputs go "
                          "(default: OUT/work; reused by a rerun)")
     td.add_argument("--chat-prompts", type=int, default=768,
-                    help="smollm2: chat prompts the target answers (default: %(default)s)")
+                    help="smollm2: chat prompts the target answers; a rerun with more "
+                         "adds to --work, reusing what is there (default: %(default)s)")
     td.add_argument("--rewrite-prompts", type=int, default=256,
                     help="smollm2: rewrite prompts quoting its first answers "
                          "(default: %(default)s)")

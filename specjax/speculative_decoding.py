@@ -89,6 +89,11 @@ def check_tree_support(target: CausalLM, drafter, tree: TreeShape | DynamicTree 
     compact."""
     if tree is None:
         return
+    if getattr(drafter, "min_confidence", None) is not None:
+        raise ValueError(f"{type(drafter).__name__}(min_confidence=...) sets how many drafts "
+                         "of a chain each step verifies; a tree step verifies every node "
+                         "(a DynamicTree already keeps the likeliest): pass tree=None, or "
+                         "min_confidence=None")
     if not getattr(drafter, "drafts_trees", False):
         raise ValueError(f"{type(drafter).__name__} drafts chains only; pass tree=None, or a "
                          "drafter that drafts trees (specjax.DraftModel)")

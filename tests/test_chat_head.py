@@ -85,3 +85,28 @@ def test_bad_settings_are_refused():
         ChatDataConfig(chat=2, rewrite=3)
     with pytest.raises(ValueError, match="temperature"):
         ChatDataConfig(temperature=0.0)
+
+
+def test_a_work_directory_grows_by_whole_chunks(tiny_lm, tmp_path):
+    """More chat prompts on an existing work directory: the old chunk is reused as it is
+    and the new prompts fill new chunks; a partial last chunk refuses growth."""
+    import dataclasses
+
+    small = dataclasses.replace(CONFIG, chat=4, rewrite=0)
+    prepare_chat_data(tiny_lm, ToyChatTokenizer(), tmp_path, (0, 1), small)
+    first = tmp_path / "chunks" / "chat_0000.npz"
+    stamp = first.stat().st_mtime_ns
+    prepare_chat_data(tiny_lm, ToyChatTokenizer(), tmp_path, (0, 1),
+                      dataclasses.replace(small, chat=8))
+    assert first.stat().st_mtime_ns == stamp
+    assert (tmp_path / "chunks" / "chat_0001.npz").exists()
+    assert len(load_chat_data(tmp_path)["tokens"]) == 8
+    with pytest.raises(ValueError, match="whole chunks"):
+        prepare_chat_data(tiny_lm, ToyChatTokenizer(), tmp_path, (0, 1),
+                          dataclasses.replace(small, chat=6))  # fewer: refused
+    partial = tmp_path / "partial"
+    prepare_chat_data(tiny_lm, ToyChatTokenizer(), partial, (0, 1),
+                      dataclasses.replace(small, chat=6))
+    with pytest.raises(ValueError, match="whole chunks"):
+        prepare_chat_data(tiny_lm, ToyChatTokenizer(), partial, (0, 1),
+                          dataclasses.replace(small, chat=8))

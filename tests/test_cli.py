@@ -31,6 +31,14 @@ def test_generate_json_speculative_equals_plain_greedy():
     assert "tokens/s (compile excluded" in spec.stderr and "acceptance" in spec.stderr
     assert spec_out["stats"]["acceptance_rate"] > 0.3
     assert plain_out["stats"] is None and spec_out["speculative"] is True
+    # A confidence threshold: fewer drafts verified per forward, the same tokens.
+    confident = run("generate", prompt, "--json", "--max-new-tokens", "40",
+                    "--num-draft-tokens", "4", "--min-confidence", "0.5")
+    assert confident.returncode == 0, confident.stderr
+    confident_out = json.loads(confident.stdout)
+    assert confident_out["tokens"] == plain_out["tokens"]
+    stats = confident_out["stats"]
+    assert 0 < sum(stats["proposed"]) < 4 * sum(stats["target_forwards"])
     lookup = run("generate", prompt, "--json", "--max-new-tokens", "40", "--drafter",
                  "prompt-lookup", "--max-ngram-size", "2")
     assert lookup.returncode == 0, lookup.stderr
@@ -82,6 +90,11 @@ def test_demo_streams_and_explains_its_speed():
       "--target", "/tmp"], "--target is for the bundled model"),
     (["train-drafter", "--model", "smollm2", "--method", "eagle3", "--out", "/tmp/x",
       "--data-temperature", "0"], "--data-temperature must be > 0"),
+    (["generate", "x", "--min-confidence", "0"], "--min-confidence must be None"),
+    (["generate", "x", "--drafter", "prompt-lookup", "--min-confidence", "0.3"],
+     "--min-confidence needs a drafter that scores its drafts"),
+    (["generate", "x", "--dynamic-tree", "8,3,2", "--min-confidence", "0.3"],
+     "--min-confidence is for chains"),
     (["train-drafter", "--method", "draft", "--out", "/tmp/x"],
      "--method draft distils a layer draft of SmolLM2"),
     (["train-drafter", "--model", "smollm2", "--method", "draft", "--out", "/tmp/x",

@@ -610,3 +610,10 @@ def test_a_confidence_threshold_verifies_fewer_drafts_and_stays_exact(tiny_lm, c
     s = out.stats
     assert 0 < s.proposed.sum() < 4 * s.target_forwards.sum() and s.accepted.sum() > 0
     np.testing.assert_array_equal(s.emitted, out.lengths)
+
+
+def test_a_confidence_threshold_with_a_tree_is_refused(tiny_lm, close_draft):
+    with pytest.raises(ValueError, match="min_confidence=None"):
+        speculative_generate(tiny_lm, DraftModel(close_draft, min_confidence=0.2), PROMPTS,
+                             max_new_tokens=4, tree=DynamicTree(num_nodes=4, max_depth=2,
+                                                                top_k=2))
