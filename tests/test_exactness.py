@@ -120,8 +120,7 @@ ENTRIES = {
         reduced_draft("sample"), None, STATIC_TREE, slow_greedy=True, stat_samplings=("t1",)),
     # A confidence threshold: each step verifies 0 to K drafts (graded num_real).
     "draft model, chain, confidence threshold": Entry(
-        lambda d, t: DraftModel(d, "sample", min_confidence=0.1),
-        stat_samplings=("t1", "topp0.8")),
+        lambda d, t: DraftModel(d, "sample", min_confidence=0.1), stat_samplings=("t1",)),
     # Feature drafters (EAGLE-1/3, MTP, Medusa): they read the target's features.
     "eagle3, chain, sampled": Entry(eagle("eagle3"), slow_stats=True),
     "eagle1, chain, argmax": Entry(eagle("eagle1", "greedy"), slow_greedy=True,
