@@ -307,7 +307,8 @@ def write_report(args, rows, line: dict | None = None) -> None:
                      f"{r['decoder']} | {r['tokens_per_second']:.1f} | "
                      f"{r['vs_our_plain']:.2f}x | {r['vs_their_plain']:.2f}x | {decode} | "
                      f"{tau} |")
-    lines += ["", "Goals (issue: a real model in the loop), greedy, batch 1:"]
+    lines += ["", "Goals (issue: a real model in the loop), batch 1 (the goals are set on greedy "
+              "decoding; sampled lines are for comparison):"]
     pick = lambda library, name, kind: next(
         (r for r in rows if r["mode"] == "greedy" and r["batch"] == 1 and r["kind"] == kind
          and r["library"] == library and r["decoder"] == name), None)
