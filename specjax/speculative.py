@@ -296,6 +296,31 @@ def _pad_verdict(verdict: Verdict, hidden, width: int):
     return Verdict(path, verdict.num_accepted, emitted), jnp.pad(hidden, pad)
 
 
+def run_one_of(index: Array, branches, cache):
+    """`branches[index](cache)`, each branch returning `(*outputs, new_cache)`, with the
+    cache updated in place.
+
+    A `lax.switch` whose branches return the cache makes XLA copy the whole KV cache once
+    or twice per step (each branch gets its own operand tuple holding the same buffer, and
+    the result is copied back into the decode loop's carry: on SmolLM2 with 512 slots,
+    24 MB per copy). A loop carry is updated in place, so each branch runs as a
+    `while_loop` of 0 or 1 trips over `(outputs, cache)`: the chosen one runs its body
+    once, the others pass the carry through untouched."""
+    shapes = jax.eval_shape(branches[-1], cache)
+    carry = tuple(jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), shapes[:-1]))
+    carry = carry + (cache,)
+    for i, branch in enumerate(branches):
+        def run_branch(trip_and_carry, branch=branch):
+            trip, carried = trip_and_carry
+            return trip + 1, tuple(branch(carried[-1]))
+
+        def chosen_and_not_run(trip_and_carry, i=i):
+            return (trip_and_carry[0] == 0) & (index == i)
+
+        _, carry = jax.lax.while_loop(chosen_and_not_run, run_branch, (jnp.int32(0), carry))
+    return carry
+
+
 def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Proposal,
                       config: SpeculativeConfig, keys: tuple[Array, Array],
                       feature_layers: tuple[int, ...], widths: tuple[int, ...] = ()):
@@ -308,34 +333,36 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
     drawn from the target at the last committed token, as plain decoding does."""
     num_drafts = proposal.tokens.shape[1]
 
-    def full(_):
-        logits_BN1V, hidden, target_cache = verify(target, state, proposal, config,
-                                                   feature_layers)
+    def full(cache):
+        logits_BN1V, hidden, target_cache = verify(
+            target, dataclasses.replace(state, target_cache=cache), proposal, config,
+            feature_layers)
         return accept(keys, proposal, logits_BN1V, config), hidden, target_cache
 
     if proposal.num_real is None:  # static: drafters that always offer real drafts
-        return *full(None), jnp.int32(num_drafts)
+        return *full(state.target_cache), jnp.int32(num_drafts)
 
     def first(width: int):
         """Verify and accept the first `width` drafts only (0 < width < K)."""
 
-        def run(_):
+        def run(cache):
             shorter = Proposal(tokens=proposal.tokens[:, :width],
                                q=None if proposal.q is None else proposal.q[:, :width])
             short_config = dataclasses.replace(config, num_draft_tokens=width)
-            logits, hidden, target_cache = verify(target, state, shorter, short_config,
-                                                  feature_layers)
+            logits, hidden, target_cache = verify(
+                target, dataclasses.replace(state, target_cache=cache), shorter, short_config,
+                feature_layers)
             verdict, hidden = _pad_verdict(accept(keys, shorter, logits, short_config),
                                            hidden, num_drafts)
             return verdict, hidden, target_cache
 
         return run
 
-    def narrow(_):
+    def narrow(cache):
         lengths_B = state.lengths
         last_B1 = jnp.take_along_axis(state.sequence, lengths_B[:, None] - 1, axis=1)
         logits_B1V, hidden_B1, target_cache = target.apply(
-            last_B1, (lengths_B - 1)[:, None], state.target_cache, lengths_B - 1, None,
+            last_B1, (lengths_B - 1)[:, None], cache, lengths_B - 1, None,
             feature_layers=feature_layers)
         if config.sampling.greedy:
             next_B = jnp.argmax(logits_B1V[:, 0], axis=-1).astype(jnp.int32)
@@ -354,7 +381,7 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
     needed = jnp.max(jnp.where(state.done, 0, jnp.clip(proposal.num_real, 0, num_drafts)))
     # The smallest listed width >= needed (the last, K, covers every row).
     index = jnp.sum(jnp.asarray(widths, jnp.int32) < needed)
-    verdict, hidden, target_cache = jax.lax.switch(index, branches, None)
+    verdict, hidden, target_cache = run_one_of(index, branches, state.target_cache)
     return verdict, hidden, target_cache, jnp.asarray(widths, jnp.int32)[index]
 
 

@@ -614,3 +614,30 @@ def test_a_confidence_threshold_with_a_tree_is_refused(tiny_lm, close_draft):
         speculative_generate(tiny_lm, DraftModel(close_draft, min_confidence=0.2), PROMPTS,
                              max_new_tokens=4, tree=DynamicTree(num_nodes=4, max_depth=2,
                                                                 top_k=2))
+
+
+def _cache_copies(target, drafter, num_draft_tokens: int) -> list[str]:
+    """The `copy` instructions of the compiled decode loop whose result has the shape of
+    one of the target's KV-cache arrays."""
+    state, drafter = specjax.init_speculative_state(target, drafter, PROMPTS,
+                                                    max_new_tokens=8,
+                                                    num_draft_tokens=num_draft_tokens,
+                                                    sampling=GREEDY)
+    config = specjax.SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=GREEDY)
+    hlo = _speculative_loop.lower(target, drafter, state, config).compile().as_text()
+    cache_shapes = {"[" + ",".join(map(str, leaf.shape)) + "]"
+                    for leaf in jax.tree.leaves(state.target_cache) if leaf.ndim >= 3}
+    return [line.strip() for line in hlo.splitlines() if " copy(" in line
+            and any(f"f32{shape}" in line.split("copy(")[0] for shape in cache_shapes)]
+
+
+@pytest.mark.parametrize("drafter", ["prompt lookup", "confidence"])
+def test_choosing_a_verify_width_copies_no_kv_cache(tiny_lm, close_draft, drafter):
+    """A step that picks its verify width (0 or K for prompt lookup; 0..K with a
+    confidence threshold) updates the KV cache in place, as a fixed-width step does: the
+    compiled loop holds no copy of a cache array (a `lax.switch` over the widths made XLA
+    copy the whole cache once or twice per step)."""
+    drafter = (specjax.PromptLookup() if drafter == "prompt lookup"
+               else DraftModel(close_draft, "greedy", min_confidence=0.3))
+    assert _cache_copies(tiny_lm, DraftModel(close_draft, "greedy"), 4) == []
+    assert _cache_copies(tiny_lm, drafter, 4) == []
