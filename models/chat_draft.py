@@ -36,6 +36,7 @@ from specjax_models.chat_head import (
     data_summary,
     heldout_split,
     load_chat_data,
+    write_run_record,
 )
 from specjax_models.transformer import select_layers, select_layers_config
 
@@ -149,14 +150,8 @@ def train_chat_draft(target, target_config, work_dir: str | Path, out_dir: str |
                 "train_rows": int(len(train_rows)),
                 "train_answer_positions": int(train_arrays["loss_mask"].sum()),
                 "heldout_rows": heldout_rows,
-                "train_seconds_total": earlier.get("train_seconds_total", 0.0) + seconds,
-                "last_eval": next((h for h in reversed(result.history)
-                                   if "acceptance@1" in h), None)}
-    metadata_path.write_text(json.dumps(metadata, indent=1) + "\n")
-    with open(out_dir / "history.jsonl", "w") as f:
-        for entry in result.history:
-            f.write(json.dumps(entry) + "\n")
-    return metadata
+                "train_seconds_total": earlier.get("train_seconds_total", 0.0) + seconds}
+    return write_run_record(out_dir, metadata, result.history)
 
 
 def write_draft_card(out_dir: str | Path, work_dir: str | Path) -> None:

@@ -276,12 +276,18 @@ def train_chat_head(target, target_config, work_dir: str | Path, out_dir: str | 
                 "target_vocab": vocab_size,
                 "train_rows": int(len(train_rows)), "train_answer_positions": answer_count,
                 "heldout_rows": heldout_rows,
-                "train_seconds_total": earlier.get("train_seconds_total", 0.0) + seconds,
-                "last_eval": next((h for h in reversed(result.history)
-                                   if "acceptance@1" in h), None)}
-    metadata_path.write_text(json.dumps(metadata, indent=1) + "\n")
+                "train_seconds_total": earlier.get("train_seconds_total", 0.0) + seconds}
+    return write_run_record(out_dir, metadata, result.history)
+
+
+def write_run_record(out_dir: Path, metadata: dict, history: list[dict]) -> dict:
+    """`metadata.json` (with the last evaluation of `history` as `last_eval`) and the
+    whole `history.jsonl` of a training run in `out_dir`; returns the metadata."""
+    metadata = {**metadata, "last_eval": next((h for h in reversed(history)
+                                               if "acceptance@1" in h), None)}
+    (out_dir / "metadata.json").write_text(json.dumps(metadata, indent=1) + "\n")
     with open(out_dir / "history.jsonl", "w") as f:
-        for entry in result.history:
+        for entry in history:
             f.write(json.dumps(entry) + "\n")
     return metadata
 
