@@ -239,3 +239,16 @@ def test_smollm2_matches_transformers_gguf_loading():
     n = int(out.lengths[0])
     assert np.asarray(out.tokens[0, :n]).tolist() == greedy[0, len(ids):len(ids) + n].tolist()
     json.dumps(tok.decode(np.asarray(out.tokens[0, :n]).tolist()))  # decodes to text
+
+
+def test_a_tensor_type_gguf_cannot_dequantise_is_refused_by_name():
+    """Q8_1 (llama.cpp's intermediate type, never stored in model files) has no numpy
+    dequantisation in gguf: loading it is a ValueError naming the tensor and the type."""
+    from types import SimpleNamespace
+
+    from specjax_models.gguf import _dequantize
+
+    tensor = SimpleNamespace(name="blk.0.attn_q.weight", shape=(32, 2), data=np.zeros(72, np.uint8),
+                             tensor_type=gguf.GGMLQuantizationType.Q8_1)
+    with pytest.raises(ValueError, match=r"blk\.0\.attn_q\.weight has type Q8_1"):
+        _dequantize(tensor)
