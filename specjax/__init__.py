@@ -2,13 +2,16 @@
 
 from specjax import analysis, drafters
 from specjax.causal_lm import CausalLM
+from specjax.compilation_cache import enable_compilation_cache
 from specjax.drafters import DraftModel, PromptLookup
 from specjax.generate import DecodeState, GenerateOutput, decode_step, generate
 from specjax.sampling import (
     GREEDY,
     SamplingConfig,
+    SamplingParams,
     probabilities,
     sample_tokens,
+    sampling_params,
     warp_logits,
 )
 from specjax.speculative import (
@@ -37,6 +40,7 @@ __all__ = [
     "GenerateOutput",
     "PromptLookup",
     "SamplingConfig",
+    "SamplingParams",
     "SpeculativeConfig",
     "SpeculativeOutput",
     "SpeculativeState",
@@ -46,11 +50,13 @@ __all__ = [
     "analysis",
     "decode_step",
     "drafters",
+    "enable_compilation_cache",
     "generate",
     "init_speculative_state",
     "jitted_step",
     "probabilities",
     "sample_tokens",
+    "sampling_params",
     "speculative_generate",
     "speculative_step",
     "speculative_stream",

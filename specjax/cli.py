@@ -1250,7 +1250,25 @@ def build_parser() -> argparse.ArgumentParser:
                               ((m, d[action.dest]) for m, d in
                                DRAFTER_TRAINING_DEFAULTS.items()))
             action.help = action.help.replace("%(default)s", shown)
+    for command in sub.choices.values():
+        command.add_argument("--no-compilation-cache", action="store_true",
+                             help="do not keep compiled programs on disk (by default they "
+                                  "go to $SPECJAX_COMPILATION_CACHE or ~/.cache/specjax/jax, "
+                                  "so a second run starts without compiling; "
+                                  "SPECJAX_COMPILATION_CACHE=off turns it off too)")
     return parser
+
+
+def _compilation_cache(args) -> None:
+    """JAX's persistent compilation cache, unless the option or the environment turns it
+    off (imports jax: call once the arguments are known to be good)."""
+    from specjax.compilation_cache import cache_turned_off_by_env, enable_compilation_cache
+
+    if not (args.no_compilation_cache or cache_turned_off_by_env()):
+        try:
+            enable_compilation_cache()
+        except ValueError as error:  # an unusable folder: run without the cache
+            _say(f"specjax: compilation cache off ({error})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1258,6 +1276,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         command = args.command
+        _compilation_cache(args)
         handlers = {"demo": _demo, "generate": _generate, "chat": _chat, "train": _train,
                     "distill": _distill, "train-drafter": _train_drafter}
         return handlers[command](args)

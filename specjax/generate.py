@@ -21,8 +21,8 @@ from jax import Array
 from jaxtyping import Bool, Int, Key
 
 from specjax.causal_lm import CausalLM, prefill
-from specjax.inputs import check_pad_id, prepare_batch, resolve_key
-from specjax.sampling import SamplingConfig, sample_tokens
+from specjax.inputs import check_pad_id, first_columns, prepare_batch, resolve_key
+from specjax.sampling import SamplingConfig, SamplingParams, sample_tokens, sampling_params
 
 
 @jax.tree_util.register_dataclass
@@ -74,10 +74,12 @@ def _init_state(lm: CausalLM, prompt_tokens_BP: Array, prompt_lengths_B: Array, 
 
 
 def decode_step(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_ids: Array,
-                sampling: SamplingConfig) -> DecodeState:
+                sampling: SamplingConfig | SamplingParams) -> DecodeState:
     """One autoregressive step for every row still running (pure; jit-compatible).
 
     `eos_ids` int32 `[E]`: a row ends after emitting any of them (-1 entries never match).
+    `sampling`: a `SamplingConfig` (its values become constants of the trace) or
+    `SamplingParams` (per-row settings as traced data: new values never recompile).
     """
     batch = state.last_token.shape[0]
     key, k_sample = jax.random.split(state.key)
@@ -103,9 +105,11 @@ def decode_step(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_ids
     )
 
 
-@functools.partial(jax.jit, static_argnames=("sampling",), donate_argnames=("state",))
-def _decode_loop(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_ids: Array, *,
-                 sampling: SamplingConfig) -> DecodeState:
+@functools.partial(jax.jit, donate_argnames=("state",))
+def _decode_loop(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_ids: Array,
+                 sampling: SamplingParams) -> DecodeState:
+    # `sampling` is data: only its static `greedy` bit (every row greedy) is in the
+    # compile key, so a new temperature, top-k or top-p reuses this program.
     return jax.lax.while_loop(
         lambda s: ~jnp.all(s.done),
         lambda s: decode_step(lm, s, max_new_tokens, eos_ids, sampling),
@@ -125,7 +129,9 @@ def generate(lm: CausalLM, prompts, *, max_new_tokens: int,
       max_new_tokens: at most this many tokens per row. Traced: a new value reuses the
         compiled loop as long as the cache bucket (max(256, next power of two of the
         longest prompt + max_new_tokens), capped at the model's max_seq_len) is unchanged.
-      sampling: `SamplingConfig`; temperature 0 is greedy.
+      sampling: `SamplingConfig` for every row, or a list of one per row (rows may mix
+        greedy and sampled settings); temperature 0 is greedy. Traced: new values reuse
+        the compiled loop (only "every row greedy" or not is compiled in).
       key: PRNG key (required when sampling). Row b draws from `fold_in(step_key, b)`.
       eos_id: one id or a list of ids (chat models often end on several); a row stops
         after emitting one (it is included in the output).
@@ -141,5 +147,6 @@ def generate(lm: CausalLM, prompts, *, max_new_tokens: int,
     state = _init_state(lm, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
                         resolve_key(key, sampling), jnp.int32(pad_id), capacity=capacity)
     state = _decode_loop(lm, state, jnp.int32(max_new_tokens), jnp.asarray(eos_ids),
-                         sampling=sampling)
-    return GenerateOutput(tokens=state.output[:, :max_new_tokens], lengths=state.num_generated)
+                         sampling_params(sampling, batch.tokens.shape[0]))
+    return GenerateOutput(tokens=first_columns(state.output, max_new_tokens),
+                          lengths=state.num_generated)

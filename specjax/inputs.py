@@ -16,7 +16,7 @@ import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM
-from specjax.sampling import SamplingConfig
+from specjax.sampling import distinct_configs, row_configs
 
 MIN_PROMPT_BUCKET = 32
 # Prompt slots past a row's length hold this id: every vocabulary has it, so the padded
@@ -211,10 +211,10 @@ def plan_capacity(lengths: np.ndarray, max_new_tokens: int, max_seq_len: int | N
     return max(capacity, needed + extra_slots)
 
 
-def resolve_key(key, sampling: SamplingConfig) -> Array:
-    """The caller's PRNG key; greedy decoding may omit it (it draws nothing)."""
+def resolve_key(key, sampling) -> Array:
+    """The caller's PRNG key; greedy decoding (every row greedy) may omit it."""
     if key is None:
-        if not sampling.greedy:
+        if not all(config.greedy for config in distinct_configs(sampling)):
             raise ValueError("sampling with temperature > 0 needs a PRNG key: pass "
                              "key=jax.random.key(seed) (greedy decoding needs none)")
         return jax.random.key(0)
@@ -224,9 +224,11 @@ def resolve_key(key, sampling: SamplingConfig) -> Array:
 
 
 def prepare_batch(lm: CausalLM, prompts, prompt_lengths, max_new_tokens: int,
-                  sampling: SamplingConfig, eos_id, *, extra_slots: int = 0,
+                  sampling, eos_id, *, extra_slots: int = 0,
                   cache_size: int | None = None) -> tuple[PromptBatch, int, np.ndarray]:
     """Validate everything on the host; returns `(PromptBatch, capacity, eos_ids [E])`.
+
+    `sampling` is one `SamplingConfig` or a sequence of one per prompt.
 
     The prompts are right-padded with `PROMPT_PAD_ID` to a power-of-two width (at most
     the capacity), so new prompt lengths inside a bucket reuse the compiled decoder.
@@ -234,15 +236,21 @@ def prepare_batch(lm: CausalLM, prompts, prompt_lengths, max_new_tokens: int,
     if not isinstance(lm, CausalLM):
         raise TypeError(f"expected a specjax.CausalLM, got {type(lm).__name__}; wrap an NNX "
                         "model with specjax.CausalLM.from_nnx(model)")
-    if not isinstance(sampling, SamplingConfig):
-        raise TypeError(f"sampling must be a specjax.SamplingConfig, got {type(sampling)}")
     max_new_tokens = check_max_new_tokens(max_new_tokens)
-    sampling.check_vocab(lm.vocab_size)
+    for config in distinct_configs(sampling):
+        config.check_vocab(lm.vocab_size)
     eos = check_eos_id(eos_id, lm.vocab_size)
     unpadded = pack_prompts(prompts, prompt_lengths, lm.vocab_size)
+    row_configs(sampling, unpadded.tokens.shape[0])  # one per row, when it is a list
     capacity = plan_capacity(unpadded.lengths, max_new_tokens, lm.max_seq_len,
                              extra_slots=extra_slots, cache_size=cache_size)
     width = min(bucket(unpadded.tokens.shape[1]), capacity)
     padded = np.pad(unpadded.tokens, ((0, 0), (0, width - unpadded.tokens.shape[1])),
                     constant_values=PROMPT_PAD_ID)
     return PromptBatch(padded, unpadded.lengths), capacity, eos
+
+
+def first_columns(array_BS: Array, n: int) -> Array:
+    """`array_BS[:, :n]` cut on the host: slicing a device array compiles a program per
+    new `n`, and `max_new_tokens` must change without compiling anything."""
+    return jax.device_put(np.asarray(array_BS)[:, :n])

@@ -1,10 +1,19 @@
 """Sampling settings and the ONE logits warper shared by every sampler and verifier.
 
 The target distribution of every specjax decoder is the distribution that plain
-autoregressive sampling with the same `SamplingConfig` draws from: `warp_logits` applies
+autoregressive sampling with the same settings draws from: `warp_logits` applies
 temperature -> top-k -> top-p in float32, in that fixed order, and `probabilities` turns
 the result into the distribution (one-hot argmax when greedy). The AR sampler, the drafts
 and the speculative verifier all call these two functions, so they cannot disagree.
+
+Settings are data, not compile-time constants. A user describes them with the frozen
+`SamplingConfig` (one for the batch, or one per row); the decoders turn that into
+`SamplingParams`, per-row float32/int32 arrays that enter the compiled loop as traced
+arguments, so a new temperature, top-k or top-p compiles nothing. One bit stays static:
+`SamplingParams.greedy`, true when EVERY row is greedy, the trace-time fast path (argmax
+acceptance, no draws, no warping). A batch that mixes greedy and sampled rows takes the
+sampled path, where a greedy row's distribution is the one-hot argmax (per-row `where`,
+never a `lax.cond` on a traced float), which makes its output exactly greedy.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
+from jaxtyping import Bool, Float, Int
 
 NEG_INF = -jnp.inf
 MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
@@ -30,7 +40,11 @@ def _real(name: str, value) -> float:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
-    """How a token is drawn from logits (frozen, hashable: a static jit argument).
+    """How a token is drawn from logits (frozen, hashable, validated on the host).
+
+    The decoders pass its values to the compiled loop as data (`SamplingParams`): a new
+    temperature, top-k or top-p reuses the compiled decoder. Give one per row (a list of
+    B configs) to mix settings, greedy rows included, in one batch.
 
     temperature: 0 means greedy (argmax), decided at trace time; otherwise logits / t.
     top_k: keep the k most probable tokens (ties at the k-th value are kept, as in
@@ -86,31 +100,160 @@ class SamplingConfig:
 GREEDY = SamplingConfig(temperature=0.0)
 
 
-def warp_logits(logits_BV: Array, sampling: SamplingConfig) -> Array:
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings as traced data, one value per row (or one scalar for all rows).
+
+    temperature float32 [B] (0: the row is greedy); top_k int32 [B] (0: off); top_p
+    float32 [B] (1: off). `greedy` (static) is True when every row is greedy: decoders
+    then compile the argmax fast path. Build it with `sampling_params`, which validates.
+    New values of the arrays never recompile; only `greedy` and the batch size do.
+    """
+
+    temperature: Float[Array, " B"]
+    top_k: Int[Array, " B"]
+    top_p: Float[Array, " B"]
+    greedy: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    @property
+    def row_greedy(self) -> Bool[Array, " B"]:
+        """Which rows are greedy (temperature 0)."""
+        return self.temperature == 0
+
+
+def _config_sequence(sampling) -> tuple[SamplingConfig, ...]:
+    """`sampling` as a tuple of configs (one config is a tuple of one), types checked."""
+    if isinstance(sampling, SamplingConfig):
+        return (sampling,)
+    if isinstance(sampling, (str, bytes, dict)) or not hasattr(sampling, "__len__"):
+        raise TypeError("sampling must be a specjax.SamplingConfig, or a list with one "
+                        f"SamplingConfig per row; got {type(sampling).__name__}")
+    configs = tuple(sampling)
+    for row, config in enumerate(configs):
+        if not isinstance(config, SamplingConfig):
+            raise TypeError(f"sampling[{row}] must be a specjax.SamplingConfig, got "
+                            f"{type(config).__name__}")
+    if not configs:
+        raise ValueError("sampling is an empty list: pass one SamplingConfig for the whole "
+                         "batch, or one per row")
+    return configs
+
+
+def row_configs(sampling, batch: int) -> tuple[SamplingConfig, ...]:
+    """The B per-row configs of `sampling`: one `SamplingConfig` for every row, or a
+    sequence of exactly B of them (refused otherwise, naming the fix)."""
+    if isinstance(sampling, SamplingConfig):
+        return (sampling,) * batch
+    configs = _config_sequence(sampling)
+    if len(configs) != batch:
+        raise ValueError(f"sampling lists {len(configs)} settings but the batch has {batch} "
+                         "rows: pass one SamplingConfig for the whole batch, or one per row")
+    return configs
+
+
+def distinct_configs(sampling) -> tuple[SamplingConfig, ...]:
+    """The different `SamplingConfig`s in `sampling` (one config or a per-row sequence,
+    types checked), in first-seen order: what host-side checks look at."""
+    return tuple(dict.fromkeys(_config_sequence(sampling)))
+
+
+def sampling_params(sampling, batch: int) -> SamplingParams:
+    """Host-side: `SamplingParams` ([B] numpy arrays) from one `SamplingConfig` for the
+    batch, a sequence of B of them (one per row), or `SamplingParams` (checked for B)."""
+    if isinstance(sampling, SamplingParams):
+        for name in ("temperature", "top_k", "top_p"):
+            shape = tuple(np.shape(getattr(sampling, name)))
+            if shape not in ((), (batch,)):
+                raise ValueError(f"SamplingParams.{name} has shape {shape}; a batch of "
+                                 f"{batch} rows needs ({batch},) or ()")
+        return sampling
+    if isinstance(sampling, SamplingConfig):
+        return SamplingParams(np.full((batch,), sampling.temperature, np.float32),
+                              np.full((batch,), sampling.top_k, np.int32),
+                              np.full((batch,), sampling.top_p, np.float32),
+                              greedy=sampling.greedy)
+    configs = row_configs(sampling, batch)
+    return SamplingParams(np.asarray([c.temperature for c in configs], np.float32),
+                          np.asarray([c.top_k for c in configs], np.int32),
+                          np.asarray([c.top_p for c in configs], np.float32),
+                          greedy=all(c.greedy for c in configs))
+
+
+def _as_params(sampling) -> SamplingParams:
+    """A `SamplingConfig` as scalar constants (folded at trace time), or `SamplingParams`
+    as they are."""
+    if isinstance(sampling, SamplingParams):
+        return sampling
+    if isinstance(sampling, SamplingConfig):
+        return SamplingParams(np.float32(sampling.temperature), np.int32(sampling.top_k),
+                              np.float32(sampling.top_p), greedy=sampling.greedy)
+    raise TypeError("sampling must be a specjax.SamplingConfig or SamplingParams, got "
+                    f"{type(sampling).__name__}")
+
+
+def _known(x) -> bool:
+    """True for host values (a `SamplingConfig`'s constants): decided at trace time."""
+    return isinstance(x, (np.ndarray, np.generic))
+
+
+def _per_row(x, logits) -> Array:
+    """A per-row setting `[B]` (or a scalar) shaped to broadcast over `logits [B, ..., V]`."""
+    shape = np.shape(x)
+    if shape not in ((), logits.shape[:1]):
+        raise ValueError(f"sampling settings of shape {shape} do not match logits of shape "
+                         f"{tuple(logits.shape)}: per-row settings need the batch as the "
+                         "logits' leading axis")
+    full = shape + (1,) * (logits.ndim - len(shape))
+    return np.reshape(x, full) if _known(x) else jnp.reshape(x, full)
+
+
+def _run_if_any(active, apply, logits: Array) -> Array:
+    """`apply(logits)` when any row needs it: a Python decision for host constants, a
+    `lax.cond` on traced settings (it skips a cut-off search that no row uses)."""
+    if _known(active):
+        return apply(logits) if np.any(active) else logits
+    return jax.lax.cond(jnp.any(active), apply, lambda x: x, logits)
+
+
+def warp_logits(logits_BV: Array, sampling: SamplingConfig | SamplingParams) -> Array:
     """Float32 logits after temperature -> top-k -> top-p; removed tokens are -inf.
 
-    Greedy (temperature 0) returns the float32 logits unscaled: the distribution is the
-    argmax one-hot, see `probabilities`.
+    `logits_BV` is `[..., V]`; with per-row `SamplingParams` its leading axis is the
+    batch. Greedy rows (temperature 0) get their float32 logits unscaled and unfiltered:
+    their distribution is the argmax one-hot, see `probabilities`.
     """
+    params = _as_params(sampling)
     logits = logits_BV.astype(jnp.float32)
-    if sampling.greedy:
+    if params.greedy:
         return logits
-    if sampling.temperature != 1.0:
+    temperature = _per_row(params.temperature, logits)
+    greedy_row = temperature == 0
+    if not (_known(temperature) and np.all((temperature == 1) | greedy_row)):
         # Shift by the row maximum first: logits / t overflows to inf (and softmax to NaN)
         # for small t, while (logits - max) / t is <= 0 with the maximum exactly 0, so
         # tiny temperatures approach the greedy limit (ties share the mass) instead.
-        top_BV = jnp.max(logits, axis=-1, keepdims=True)
-        shift_BV = jnp.where(jnp.isfinite(top_BV), top_BV, 0.0)
-        logits = (logits - shift_BV) / sampling.temperature
+        top = jnp.max(logits, axis=-1, keepdims=True)
+        shift = jnp.where(jnp.isfinite(top), top, 0.0)
+        scaled = (logits - shift) / jnp.where(greedy_row, 1.0, temperature)
+        logits = jnp.where((temperature == 1) | greedy_row, logits, scaled)
     vocab = logits.shape[-1]
-    if 0 < sampling.top_k < vocab:
+    top_k = _per_row(params.top_k, logits)
+    top_k_on = (top_k > 0) & (top_k < vocab) & ~greedy_row
+
+    def keep_top_k(logits):
         keys = _order_keys(logits)
         # The k-th largest value: the largest t with at least k tokens >= t.
         kth_key = _bisect_largest(
-            lambda t: jnp.sum(keys >= t, axis=-1, keepdims=True) >= sampling.top_k,
+            lambda t: jnp.sum(keys >= t, axis=-1, keepdims=True) >= top_k,
             jnp.min(keys, axis=-1, keepdims=True), jnp.max(keys, axis=-1, keepdims=True) + 1)
-        logits = jnp.where(keys >= kth_key, logits, NEG_INF)
-    if sampling.top_p < 1.0:
+        return jnp.where(top_k_on & (keys < kth_key), NEG_INF, logits)
+
+    logits = _run_if_any(top_k_on, keep_top_k, logits)
+    top_p = _per_row(params.top_p, logits)
+    top_p_on = (top_p < 1.0) & ~greedy_row
+
+    def keep_top_p(logits):
         probs = jax.nn.softmax(logits, axis=-1)
         keys = _order_keys(probs)
         # Token i is kept iff the mass of tokens strictly more probable than it is below
@@ -118,11 +261,12 @@ def warp_logits(logits_BV: Array, sampling: SamplingConfig) -> Array:
         # always is, and tied tokens share one fate. Find the largest t whose strictly
         # greater mass still reaches top_p; keep everything above it.
         mass_above = lambda t: jnp.sum(jnp.where(keys > t, probs, 0.0), axis=-1, keepdims=True)
-        cut_key = _bisect_largest(lambda t: mass_above(t) >= sampling.top_p,
+        cut_key = _bisect_largest(lambda t: mass_above(t) >= top_p,
                                   jnp.full(keys.shape[:-1] + (1,), -1, jnp.int32),
                                   jnp.max(keys, axis=-1, keepdims=True))
-        logits = jnp.where(keys > cut_key, logits, NEG_INF)
-    return logits
+        return jnp.where(top_p_on & (keys <= cut_key), NEG_INF, logits)
+
+    return _run_if_any(top_p_on, keep_top_p, logits)
 
 
 def _order_keys(x: Array) -> Array:
@@ -136,7 +280,8 @@ def _bisect_largest(predicate, lo: Array, hi: Array) -> Array:
 
     Needs predicate(lo) true, predicate(hi) false, and predicate monotone (true, then
     false). 32 halvings cover the whole int32 range, so the answer is exact. This finds
-    top-k and top-p cut-offs in O(32 V) without a sort, which XLA runs slowly on CPU.
+    top-k and top-p cut-offs in O(32 V) without a sort, which XLA runs slowly on CPU, and
+    with the k or p of each row as data (a sort-based top-k needs k at compile time).
     """
     def halve(_, bounds):
         lo, hi = bounds
@@ -148,12 +293,41 @@ def _bisect_largest(predicate, lo: Array, hi: Array) -> Array:
     return lo
 
 
-def probabilities(logits_BV: Array, sampling: SamplingConfig) -> Array:
-    """Float32 distribution `[..., V]` that a token is drawn from under `sampling`."""
-    if sampling.greedy:
-        logits = logits_BV.astype(jnp.float32)
-        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
-    return jax.nn.softmax(warp_logits(logits_BV, sampling), axis=-1)
+def _greedy_rows(params: SamplingParams, logits: Array):
+    """The greedy-row mask shaped for `logits`, or None when no row is greedy (known on
+    the host)."""
+    greedy_row = _per_row(params.temperature, logits) == 0
+    if _known(greedy_row) and not np.any(greedy_row):
+        return None
+    return greedy_row
+
+
+def probabilities(logits_BV: Array, sampling: SamplingConfig | SamplingParams) -> Array:
+    """Float32 distribution `[..., V]` that a token is drawn from: the warped softmax, the
+    argmax one-hot on greedy rows."""
+    params = _as_params(sampling)
+    logits = logits_BV.astype(jnp.float32)
+    one_hot = lambda: jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1],
+                                     dtype=jnp.float32)
+    if params.greedy:
+        return one_hot()
+    probs = jax.nn.softmax(warp_logits(logits, params), axis=-1)
+    greedy_row = _greedy_rows(params, logits)
+    return probs if greedy_row is None else jnp.where(greedy_row, one_hot(), probs)
+
+
+def tree_scores(logits_BV: Array, sampling: SamplingConfig | SamplingParams) -> Array:
+    """Log-probabilities that rank a dynamic tree's children: the draft's distribution
+    warped as the target's (tokens the target's top-k / top-p cannot produce rank last),
+    and on greedy rows the unwarped log-softmax (a one-hot would tie every other token)."""
+    params = _as_params(sampling)
+    logits = logits_BV.astype(jnp.float32)
+    raw = jax.nn.log_softmax(logits, axis=-1)
+    if params.greedy:
+        return raw
+    warped = jnp.log(probabilities(logits, params))
+    greedy_row = _greedy_rows(params, logits)
+    return warped if greedy_row is None else jnp.where(greedy_row, raw, warped)
 
 
 def row_keys(key: Array, batch: int) -> Array:
@@ -168,13 +342,18 @@ def sample_from_probs(keys_B: Array, probs_BV: Array) -> Array:
     return jax.vmap(draw)(keys_B, logp).astype(jnp.int32)
 
 
-def sample_tokens(key: Array, logits_BV: Array, sampling: SamplingConfig) -> Array:
-    """Draw `[B]` int32 tokens from logits under `sampling` (argmax when greedy).
+def sample_tokens(key: Array, logits_BV: Array,
+                  sampling: SamplingConfig | SamplingParams) -> Array:
+    """Draw `[B]` int32 tokens from logits (argmax on greedy rows).
 
     Row b uses `fold_in(key, b)`, so its draw does not depend on the other rows.
     """
-    if sampling.greedy:
-        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    warped = warp_logits(logits_BV, sampling)
+    params = _as_params(sampling)
+    argmax_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    if params.greedy:
+        return argmax_B
+    warped = warp_logits(logits_BV, params)
     keys_B = row_keys(key, logits_BV.shape[0])
-    return jax.vmap(jax.random.categorical)(keys_B, warped).astype(jnp.int32)
+    drawn_B = jax.vmap(jax.random.categorical)(keys_B, warped).astype(jnp.int32)
+    greedy_row = _greedy_rows(params, argmax_B)
+    return drawn_B if greedy_row is None else jnp.where(greedy_row, argmax_B, drawn_B)

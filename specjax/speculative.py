@@ -22,23 +22,35 @@ from jaxtyping import Bool, Int, Key
 from specjax.causal_lm import CausalLM
 from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.rejection import accept_greedy, accept_sampled
-from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
+from specjax.sampling import (
+    GREEDY,
+    SamplingConfig,
+    SamplingParams,
+    distinct_configs,
+    probabilities,
+    row_keys,
+    sample_from_probs,
+    sampling_params,
+)
 from specjax.tree_acceptance import accept_tree_greedy, accept_tree_sampled
 from specjax.trees import DynamicTree, TreeShape, ancestor_mask, tree_depths
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SpeculativeConfig:
-    """Static settings of a speculative step (frozen, hashable).
+    """Settings of a speculative step (frozen, hashable).
 
     num_draft_tokens: N, the nodes verified per target forward (K for a chain).
+    sampling: a `SamplingConfig` for every row, or a tuple of one per row. Its values are
+      data: `jitted_step` passes them to the compiled step as `SamplingParams`, so a new
+      temperature, top-k or top-p compiles nothing (only "every row greedy" does).
     tree: a static `TreeShape` of N nodes (drafters then propose that tree), a
       `DynamicTree` budget of N nodes (drafters grow a tree per row and return its
       parents), or None for a chain of K drafts (the fast path).
     """
 
     num_draft_tokens: int
-    sampling: SamplingConfig = SamplingConfig()
+    sampling: SamplingConfig | tuple[SamplingConfig, ...] = SamplingConfig()
     tree: TreeShape | DynamicTree | None = None
 
     def __post_init__(self):
@@ -47,7 +59,8 @@ class SpeculativeConfig:
             raise ValueError(f"num_draft_tokens must be an int >= 1, got {k!r}")
         object.__setattr__(self, "num_draft_tokens", int(k))
         if not isinstance(self.sampling, SamplingConfig):
-            raise TypeError(f"sampling must be a SamplingConfig, got {type(self.sampling)}")
+            distinct_configs(self.sampling)  # a per-row sequence: its types are checked
+            object.__setattr__(self, "sampling", tuple(self.sampling))
         if self.tree is not None:
             if not isinstance(self.tree, (TreeShape, DynamicTree)):
                 raise TypeError(f"tree must be a specjax.trees.TreeShape or DynamicTree, got "
@@ -187,12 +200,12 @@ class Verdict:
 
 
 def propose(drafter, state: SpeculativeState, key: Array, config: SpeculativeConfig,
-            vocab_size: int) -> tuple[object, Proposal]:
+            vocab_size: int, sampling: SamplingParams) -> tuple[object, Proposal]:
     """(a) The drafter's proposal, checked against the contract."""
     extra = {} if config.tree is None else {"tree": config.tree}
     drafter_state, proposal = drafter.propose(
         state.drafter_state, DraftContext(state.sequence, state.lengths), key,
-        num_draft_tokens=config.num_draft_tokens, sampling=config.sampling,
+        num_draft_tokens=config.num_draft_tokens, sampling=sampling,
         vocab_size=vocab_size, **extra)
     check_proposal(drafter, proposal, state.lengths.shape[0], config.num_draft_tokens,
                    vocab_size, tree=config.tree)
@@ -242,10 +255,12 @@ def verify(target: CausalLM, state: SpeculativeState, proposal: Proposal,
 
 
 def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
-           config: SpeculativeConfig) -> Verdict:
+           config: SpeculativeConfig, sampling: SamplingParams) -> Verdict:
     """(c, d) Exact acceptance: the longest valid prefix of a chain, or the accepted path of
-    a tree, then the correction or bonus token."""
-    sampling = config.sampling
+    a tree, then the correction or bonus token. A batch whose every row is greedy takes
+    the argmax rules; otherwise the sampled rules, where a greedy row's p is its argmax
+    one-hot (it then accepts exactly the drafts equal to the argmax, and its correction or
+    bonus is the argmax: greedy output, whatever the draft's q)."""
     if config.tree is None:
         if sampling.greedy:
             linear = accept_greedy(proposal.tokens, logits_BN1V)
@@ -322,8 +337,9 @@ def run_one_of(index: Array, branches, cache):
 
 
 def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Proposal,
-                      config: SpeculativeConfig, keys: tuple[Array, Array],
-                      feature_layers: tuple[int, ...], widths: tuple[int, ...] = ()):
+                      config: SpeculativeConfig, sampling: SamplingParams,
+                      keys: tuple[Array, Array], feature_layers: tuple[int, ...],
+                      widths: tuple[int, ...] = ()):
     """(b, c, d) Verify the proposal in one target forward and accept exactly. Returns
     `(verdict, hidden, target_cache, verified)`: `verified` (int32 scalar) is the number of
     drafts the step verified. With `Proposal.num_real`, it is the smallest of `widths`
@@ -337,7 +353,7 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
         logits_BN1V, hidden, target_cache = verify(
             target, dataclasses.replace(state, target_cache=cache), proposal, config,
             feature_layers)
-        return accept(keys, proposal, logits_BN1V, config), hidden, target_cache
+        return accept(keys, proposal, logits_BN1V, config, sampling), hidden, target_cache
 
     if proposal.num_real is None:  # static: drafters that always offer real drafts
         return *full(state.target_cache), jnp.int32(num_drafts)
@@ -352,8 +368,8 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
             logits, hidden, target_cache = verify(
                 target, dataclasses.replace(state, target_cache=cache), shorter, short_config,
                 feature_layers)
-            verdict, hidden = _pad_verdict(accept(keys, shorter, logits, short_config),
-                                           hidden, num_drafts)
+            verdict, hidden = _pad_verdict(
+                accept(keys, shorter, logits, short_config, sampling), hidden, num_drafts)
             return verdict, hidden, target_cache
 
         return run
@@ -364,10 +380,10 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
         logits_B1V, hidden_B1, target_cache = target.apply(
             last_B1, (lengths_B - 1)[:, None], cache, lengths_B - 1, None,
             feature_layers=feature_layers)
-        if config.sampling.greedy:
+        if sampling.greedy:
             next_B = jnp.argmax(logits_B1V[:, 0], axis=-1).astype(jnp.int32)
         else:
-            p_BV = probabilities(logits_B1V[:, 0], config.sampling)
+            p_BV = probabilities(logits_B1V[:, 0], sampling)
             next_B = sample_from_probs(row_keys(keys[1], p_BV.shape[0]), p_BV)
         batch = proposal.tokens.shape[0]
         verdict = Verdict(path=jnp.zeros((batch, 0), jnp.int32),
@@ -412,8 +428,14 @@ def emit(state: SpeculativeState, verdict: Verdict):
 
 
 def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
-                     config: SpeculativeConfig) -> SpeculativeState:
+                     config: SpeculativeConfig,
+                     sampling: SamplingParams | None = None) -> SpeculativeState:
     """One speculative step for every row still running (pure; jit with `config` static).
+
+    `sampling`: the per-row settings as traced data (`specjax.sampling.sampling_params`);
+    None takes `config.sampling`, whose values then become constants of the trace (jit it
+    with `sampling` passed as an argument, as `jitted_step` does, to change settings
+    without recompiling).
 
     (a) propose: the drafter proposes N nodes per row (a chain of K drafts, or a tree);
     (b) verify: the target runs ONCE on the last committed token plus the N nodes (or
@@ -425,13 +447,16 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     outcome, and the counters advance. Caches roll back by length.
     """
     check_config_matches_state(state, config)
+    batch = state.lengths.shape[0]
+    sampling = sampling_params(config.sampling if sampling is None else sampling, batch)
     key, k_draft, k_accept, k_resample = jax.random.split(state.key, 4)
     active_B = ~state.done
     lengths_B = state.lengths
 
-    drafter_state, proposal = propose(drafter, state, k_draft, config, target.vocab_size)
+    drafter_state, proposal = propose(drafter, state, k_draft, config, target.vocab_size,
+                                      sampling)
     verdict, hidden_BN1D, target_cache, verified = verify_and_accept(
-        target, state, proposal, config, (k_accept, k_resample),
+        target, state, proposal, config, sampling, (k_accept, k_resample),
         feature_layers_of(drafter) or (), verify_widths(drafter, config))
     sequence, new_lengths_B, num_emitted_B, done_B = emit(state, verdict)
     num_accepted_B = verdict.num_accepted
@@ -470,10 +495,28 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
         num_steps=state.num_steps + jnp.any(active_B).astype(jnp.int32))
 
 
+def compile_key(config: SpeculativeConfig, sampling: SamplingParams) -> SpeculativeConfig:
+    """The config as a compiled step sees it: its sampling values replaced by what the
+    trace depends on (every row greedy, or not), so configs that differ only in their
+    sampling values share one compiled program; the values travel as `SamplingParams`."""
+    return dataclasses.replace(config, sampling=GREEDY if sampling.greedy else SamplingConfig())
+
+
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("state",))
+def compiled_step(target: CausalLM, drafter, state: SpeculativeState,
+                  config: SpeculativeConfig, sampling: SamplingParams) -> SpeculativeState:
+    """`speculative_step` compiled per (shapes, `config`): pass `compile_key(config,
+    sampling)` as the config and the values as `sampling`."""
+    return speculative_step(target, drafter, state, config, sampling)
+
+
 def jitted_step(target: CausalLM, drafter, state: SpeculativeState,
                 config: SpeculativeConfig) -> SpeculativeState:
-    """`speculative_step` compiled once per (shapes, config); the state is donated."""
-    return speculative_step(target, drafter, state, config)
-
-
+    """`speculative_step` compiled once per (shapes, K, tree, every-row-greedy or not); the
+    sampling values are passed as data, so a new temperature, top-k or top-p reuses the
+    compiled step. The state is donated."""
+    if not isinstance(config, SpeculativeConfig):
+        raise TypeError(f"config must be a specjax.SpeculativeConfig, got "
+                        f"{type(config).__name__}")
+    sampling = sampling_params(config.sampling, state.lengths.shape[0])
+    return compiled_step(target, drafter, state, compile_key(config, sampling), sampling)

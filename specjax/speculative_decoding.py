@@ -19,11 +19,12 @@ from jax import Array
 
 from specjax.causal_lm import CausalLM, prefill
 from specjax.drafters.draft_model import DraftModel
-from specjax.inputs import check_pad_id, prepare_batch, resolve_key
-from specjax.sampling import SamplingConfig
+from specjax.inputs import check_pad_id, first_columns, prepare_batch, resolve_key
+from specjax.sampling import SamplingConfig, SamplingParams, distinct_configs, sampling_params
 from specjax.speculative import (
     SpeculativeConfig,
     SpeculativeState,
+    compile_key,
     feature_layers_of,
     speculative_step,
 )
@@ -73,9 +74,9 @@ def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengt
         step_accepted=zeros, step_emitted=zeros, num_steps=jnp.zeros((), jnp.int32))
 
 
-def speculative_config(num_draft_tokens: int | None, sampling: SamplingConfig,
+def speculative_config(num_draft_tokens: int | None, sampling,
                        tree: TreeShape | DynamicTree | None) -> SpeculativeConfig:
-    """The step's static config; with a tree, num_draft_tokens defaults to its nodes."""
+    """The step's config; with a tree, num_draft_tokens defaults to its nodes."""
     if num_draft_tokens is None:
         if tree is None:
             raise TypeError("num_draft_tokens is required (or pass tree=TreeShape(...) or "
@@ -112,7 +113,8 @@ def check_tree_support(target: CausalLM, drafter, tree: TreeShape | DynamicTree 
 
 def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: int,
                            num_draft_tokens: int | None = None,
-                           sampling: SamplingConfig = SamplingConfig(),
+                           sampling: SamplingConfig | Sequence[SamplingConfig] = (
+                               SamplingConfig()),
                            key: Array | None = None,
                            eos_id: int | Sequence[int] | None = None,
                            prompt_lengths=None, cache_size: int | None = None,
@@ -135,7 +137,8 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
                                              sampling, eos_id,
                                              extra_slots=config.num_draft_tokens + 1,
                                              cache_size=cache_size)
-    drafter.check(target, sampling)
+    for row_sampling in distinct_configs(sampling):
+        drafter.check(target, row_sampling)
     state = _init_state(target, drafter, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
                         resolve_key(key, sampling), jnp.int32(max_new_tokens), jnp.asarray(eos_ids),
                         capacity=capacity, num_draft_tokens=config.num_draft_tokens)
@@ -145,9 +148,11 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("state",))
 def _speculative_loop(target: CausalLM, drafter, state: SpeculativeState,
-                      config: SpeculativeConfig) -> SpeculativeState:
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
-                              lambda s: speculative_step(target, drafter, s, config), state)
+                      config: SpeculativeConfig, sampling: SamplingParams) -> SpeculativeState:
+    # `config` is `compile_key(...)`: its sampling values are in `sampling` (data).
+    return jax.lax.while_loop(
+        lambda s: ~jnp.all(s.done),
+        lambda s: speculative_step(target, drafter, s, config, sampling), state)
 
 
 @jax.jit
@@ -172,7 +177,8 @@ class SpeculativeOutput:
 
 def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: int,
                          num_draft_tokens: int | None = None,
-                         sampling: SamplingConfig = SamplingConfig(),
+                         sampling: SamplingConfig | Sequence[SamplingConfig] = (
+                             SamplingConfig()),
                          key: Array | None = None,
                          eos_id: int | Sequence[int] | None = None,
                          prompt_lengths=None, pad_id: int = 0,
@@ -185,7 +191,8 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
       draft: a CausalLM sharing the target's tokenizer (wrapped as
         `DraftModel(draft, method="sample")`) or any drafter.
       prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id: as in
-        `specjax.generate`; `max_new_tokens` is traced.
+        `specjax.generate`; `max_new_tokens`, `eos_id` and the sampling values are traced
+        (one `SamplingConfig`, or one per row: rows may mix greedy and sampled settings).
       num_draft_tokens: K, the drafts verified per target forward (with a tree: its nodes,
         the default).
       cache_size: optional fixed cache length (see `init_speculative_state`).
@@ -205,7 +212,8 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
         target, draft, prompts, max_new_tokens=max_new_tokens,
         num_draft_tokens=config.num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
         prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree)
-    state = _speculative_loop(target, drafter, state, config)
-    tokens = _generated_tokens(state, jnp.int32(pad_id))[:, :max_new_tokens]
+    params = sampling_params(config.sampling, state.lengths.shape[0])
+    state = _speculative_loop(target, drafter, state, compile_key(config, params), params)
+    tokens = first_columns(_generated_tokens(state, jnp.int32(pad_id)), max_new_tokens)
     return SpeculativeOutput(tokens=tokens, lengths=state.num_generated,
                              stats=SpeculativeStats.from_state(state))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +19,8 @@ from jax import Array
 
 from specjax.causal_lm import CausalLM
 from specjax.inputs import check_pad_id
-from specjax.sampling import SamplingConfig
-from specjax.speculative import SpeculativeState, jitted_step
+from specjax.sampling import SamplingConfig, sampling_params
+from specjax.speculative import SpeculativeState, compile_key, compiled_step
 from specjax.speculative_decoding import init_speculative_state, speculative_config
 from specjax.stats import SpeculativeStats
 
@@ -54,7 +54,7 @@ def _step_window(state: SpeculativeState, *, width: int) -> Array:
 
 def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
                        num_draft_tokens: int | None = None,
-                       sampling: SamplingConfig = SamplingConfig(),
+                       sampling: SamplingConfig | Sequence[SamplingConfig] = SamplingConfig(),
                        key: Array | None = None, eos_id=None, prompt_lengths=None,
                        pad_id: int = 0, cache_size: int | None = None,
                        tree=None) -> Iterator[StreamChunk]:
@@ -72,9 +72,11 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
         prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree)
     # A step commits at most one token per accepted depth, plus one.
     width = (config.num_draft_tokens if tree is None else tree.max_depth) + 1
+    params = sampling_params(config.sampling, state.lengths.shape[0])
+    step_config = compile_key(config, params)
     step = 0
     while True:
-        state = jitted_step(target, drafter, state, config)
+        state = compiled_step(target, drafter, state, step_config, params)
         step += 1
         emitted, accepted, done, window = jax.device_get(
             (state.step_emitted, state.step_accepted, state.done,

@@ -8,7 +8,9 @@ specjax checks its own.
   incremental decoders under test).
 - `chi_square_pvalue`: Pearson's test of sampled token tuples against an exact joint.
 - `speculative_joint_pvalue`: both together for a (target, drafter, sampling) triple,
-  thousands of rows in one batched, jitted call.
+  thousands of rows in one batched, jitted call; `speculative_joint_pvalues` tests
+  several settings at once, one row group each in the same batch.
+- `count_compilations`: the XLA compilations inside a block (tests of "no recompiles").
 
     import specjax, specjax.testing as st
     pvalue, out = st.speculative_joint_pvalue(target, MyDrafter(), [1, 2, 3],
@@ -20,8 +22,10 @@ Needs only JAX and numpy: the chi-square tail comes from `jax.scipy.special.gamm
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +34,9 @@ import numpy as np
 from specjax.causal_lm import CausalLM
 from specjax.sampling import SamplingConfig, probabilities
 from specjax.speculative_decoding import SpeculativeOutput, speculative_generate
+
+# The event JAX records for every XLA compilation (a persistent-cache load included).
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 # ------------------------------------------------------------------------- toy models
 
@@ -166,12 +173,64 @@ def speculative_joint_pvalue(target: CausalLM, drafter, prompt: list[int],
     `prompt`, over `rows` rows in one batched call, against the target's exactly
     enumerated joint. Returns the p-value and the output (its stats show that speculation
     happened: acceptance in (0, 1))."""
-    out = speculative_generate(target, drafter, [list(prompt)] * rows,
+    pvalues, out = speculative_joint_pvalues(
+        target, drafter, prompt, [sampling], num_draft_tokens=num_draft_tokens,
+        rows_per_setting=rows, num_tokens=num_tokens, seed=seed, tree=tree)
+    return pvalues[0], out
+
+
+def speculative_joint_pvalues(target: CausalLM, drafter, prompt: list[int],
+                              samplings: Sequence[SamplingConfig], *,
+                              num_draft_tokens: int | None = 2, rows_per_setting: int = 10_000,
+                              num_tokens: int = 3, seed: int = 0,
+                              tree=None) -> tuple[list[float], SpeculativeOutput]:
+    """`speculative_joint_pvalue` for several sampling settings in ONE batched call: the
+    rows are split into groups of `rows_per_setting`, group i decoding with
+    `samplings[i]` (per-row settings share the batch, and one compiled decoder), and each
+    group is tested against its own warped target. A greedy setting's group must follow
+    the greedy continuation exactly (p-value 1.0, else 0.0). Returns one p-value per
+    setting and the output."""
+    samplings = list(samplings)
+    per_row = [config for config in samplings for _ in range(rows_per_setting)]
+    nodes = tree.num_nodes if tree is not None else num_draft_tokens
+    out = speculative_generate(target, drafter, [list(prompt)] * len(per_row),
                                max_new_tokens=num_tokens,
                                num_draft_tokens=None if tree is not None else num_draft_tokens,
-                               sampling=sampling, key=jax.random.key(seed), tree=tree)
+                               sampling=per_row if len(samplings) > 1 else samplings[0],
+                               key=jax.random.key(seed), tree=tree,
+                               # Just the slots the rows use: thousands of rows attend
+                               # over the cache's capacity, not its tokens.
+                               cache_size=len(prompt) + num_tokens + nodes + 1)
     if not np.all(np.asarray(out.lengths) == num_tokens):
         raise ValueError("a row ended early (an EOS?); the joint needs every row to produce "
                          f"{num_tokens} tokens: pass no eos_id")
-    joint = enumerate_joint(target, prompt, num_tokens, sampling)
-    return chi_square_pvalue(np.asarray(out.tokens), joint), out
+    tokens = np.asarray(out.tokens).reshape(len(samplings), rows_per_setting, num_tokens)
+    pvalues = [chi_square_pvalue(group, enumerate_joint(target, prompt, num_tokens, config))
+               for group, config in zip(tokens, samplings, strict=True)]
+    return pvalues, out
+
+
+# ------------------------------------------------------------------ compilations
+
+
+@contextlib.contextmanager
+def count_compilations() -> Iterator[list[str]]:
+    """Within the block, the names of the programs XLA compiled (a list that fills as
+    they compile; `len` counts them). A program found in JAX's in-memory cache compiles
+    nothing, which is what a test of "no recompiles" asserts:
+
+        with count_compilations() as compiled:
+            specjax.generate(lm, prompts, max_new_tokens=8, sampling=new_settings, key=key)
+        assert compiled == []
+    """
+    names: list[str] = []
+
+    def listener(event: str, duration: float, **metadata) -> None:
+        if event == BACKEND_COMPILE_EVENT:
+            names.append(str(metadata.get("fun_name", "?")))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield names
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)

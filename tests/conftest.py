@@ -1,8 +1,17 @@
 """Shared fixtures: tiny models built once per session so compiled functions are reused."""
 
-import jax
-import pytest
-from flax import nnx
+import os
+
+# Tests check behaviour, never speed (benchmarks measure it): XLA's CPU backend compiles
+# at LLVM -O0 here, which takes about a third less compile time, and most of a test's
+# time is compilation. Set before jax starts its backend; subprocesses inherit it.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_backend_optimization_level=0").strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
 
 import specjax
 import specjax_models
@@ -97,6 +106,18 @@ def chat_work(tiny_lm, tmp_path_factory):
     directory = tmp_path_factory.mktemp("chat_work")
     prepare_chat_data(tiny_lm, ToyChatTokenizer(), directory, (0, 1), CHAT_DATA)
     return directory
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_compilation_cache(tmp_path_factory):
+    """One persistent compilation cache per test process: a decoder that several test
+    modules compile (compiled programs are dropped after each module, see below) is
+    loaded from disk after the first. The command line's runs in subprocesses share it
+    (the CLI keeps compiled programs on disk by default); the user's own cache folder is
+    left alone, unless they chose one."""
+    folder = tmp_path_factory.getbasetemp() / "jax-compilation-cache"
+    os.environ.setdefault("SPECJAX_COMPILATION_CACHE", str(folder))
+    specjax.enable_compilation_cache(folder, min_compile_secs=0.1)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,10 +1,13 @@
 """The exactness suite: every drafter and proposal shape, one entry each.
 
 For every entry, at batch > 1: greedy speculative decoding equals greedy `generate` token
-for token (ragged prompts, an EOS that ends rows at different places), and the joint of
-the first 3 sampled tokens follows the exactly enumerated target distribution (chi-square,
-30,000 rows in one call) at temperature 1, temperature 0.7 + top-k and top-p. A drafter
-that misreports how its tree was drawn fails the same test (the power check).
+for token (ragged prompts, an EOS that ends rows at different places), and in ONE batched
+call whose row groups have different settings (settings are data: one compiled decoder),
+the joint of the first 3 tokens of each group follows its own exactly enumerated target
+distribution (chi-square, 12,000 rows per group) at temperature 1, temperature 0.7 +
+top-k and top-p, while a greedy group follows the greedy continuation. Greedy rows of a
+mixed batch equal `generate` (chain, static and dynamic trees). A drafter that
+misreports how its tree was drawn fails the chi-square test (the power check).
 
 A new drafter or proposal shape joins by adding one entry to ENTRIES.
 """
@@ -22,7 +25,7 @@ import specjax
 import specjax_models
 from specjax import GREEDY, DraftModel, PromptLookup, SamplingConfig
 from specjax.drafters import Eagle, FeatureHeadConfig, Medusa, eagle3_feature_layers
-from specjax.testing import speculative_joint_pvalue
+from specjax.testing import speculative_joint_pvalue, speculative_joint_pvalues
 from specjax.trees import DynamicTree, TreeShape
 
 STATIC_TREE = TreeShape.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
@@ -39,11 +42,10 @@ class Entry:
     num_draft_tokens: int | None = 3
     tree: TreeShape | DynamicTree | None = None
     stat_prompt: tuple = (1, 5, 2)  # the prompt of the chi-square test
-    # Run in the `slow` set (CI runs it too), to keep the unit suite under 10 minutes:
-    # trees compile a decoder per setting, and these paths have cheaper relatives there.
+    # Run in the `slow` set (CI runs it too), to keep the unit suite short: these paths
+    # have cheaper relatives there.
     slow_greedy: bool = False
     slow_stats: bool = False
-    # Variants of a drafter whose main entry covers all three samplings run at t=1 only.
     stat_samplings: tuple = ("t1", "t0.7-topk4", "topp0.8")
 
 
@@ -106,47 +108,49 @@ ENTRIES = {
     "draft model, static tree, sampled": Entry(lambda d, t: DraftModel(d, "sample"), None,
                                                STATIC_TREE, slow_greedy=True),
     "draft model, static tree, top-k": Entry(lambda d, t: DraftModel(d, "greedy"), None,
-                                             STATIC_TREE),
+                                             STATIC_TREE, slow_stats=True),
     "draft model, Sequoia tree, sampled": Entry(lambda d, t: DraftModel(d, "sample"), None,
-                                                SEQUOIA_TREE, slow_greedy=True),
+                                                SEQUOIA_TREE, slow_greedy=True,
+                                                slow_stats=True),
     "draft model, Sequoia tree, top-k": Entry(lambda d, t: DraftModel(d, "greedy"), None,
-                                              SEQUOIA_TREE, slow_greedy=True),
+                                              SEQUOIA_TREE, slow_greedy=True, slow_stats=True),
     # EAGLE-2: a different tree per row, grown from the draft's top-k (deterministic).
-    "draft model, dynamic tree, top-k": Entry(lambda d, t: DraftModel(d), None, DYNAMIC_TREE),
+    "draft model, dynamic tree, top-k": Entry(lambda d, t: DraftModel(d), None, DYNAMIC_TREE,
+                                              slow_stats=True),
     "draft model, chain, reduced draft vocabulary": Entry(reduced_draft("sample"),
-                                                          slow_stats=True,
-                                                          stat_samplings=("t1", "topp0.8")),
+                                                          slow_stats=True),
     "draft model, static tree, reduced draft vocabulary": Entry(
-        reduced_draft("sample"), None, STATIC_TREE, slow_greedy=True, stat_samplings=("t1",)),
+        reduced_draft("sample"), None, STATIC_TREE, slow_greedy=True, slow_stats=True),
     # A confidence threshold: each step verifies 0 to K drafts (graded num_real).
     "draft model, chain, confidence threshold": Entry(
-        lambda d, t: DraftModel(d, "sample", min_confidence=0.1), stat_samplings=("t1",)),
+        lambda d, t: DraftModel(d, "sample", min_confidence=0.1)),
     # Feature drafters (EAGLE-1/3, MTP, Medusa): they read the target's features.
     "eagle3, chain, sampled": Entry(eagle("eagle3"), slow_stats=True),
     "eagle1, chain, argmax": Entry(eagle("eagle1", "greedy"), slow_greedy=True,
                                    slow_stats=True),
-    "mtp, chain, sampled": Entry(eagle("mtp"), slow_greedy=True, slow_stats=True,
-                                 stat_samplings=("t1",)),
-    "eagle3, static tree, sampled": Entry(eagle("eagle3"), None, STATIC_TREE, slow_greedy=True),
+    "mtp, chain, sampled": Entry(eagle("mtp"), slow_greedy=True, slow_stats=True),
+    "eagle3, static tree, sampled": Entry(eagle("eagle3"), None, STATIC_TREE, slow_greedy=True,
+                                          slow_stats=True),
     "eagle3, chain, reduced draft vocabulary": Entry(eagle("eagle3", reduced_vocab=True),
-                                                     slow_stats=True, stat_samplings=("t1",)),
+                                                     slow_stats=True),
     "eagle3, chain, confidence threshold": Entry(eagle("eagle3", min_confidence=0.3),
-                                                 slow_stats=True, stat_samplings=("t1",)),
+                                                 slow_stats=True),
     "eagle3, dynamic tree, top-k": Entry(eagle("eagle3"), None, DYNAMIC_TREE,
-                                         slow_greedy=True),
+                                         slow_greedy=True, slow_stats=True),
     "medusa, chain, top-1": Entry(medusa("greedy"), slow_stats=True),
-    "medusa, chain, sampled": Entry(medusa("sample"), slow_greedy=True, slow_stats=True,
-                                    stat_samplings=("t1",)),
-    "medusa, static tree, top-k": Entry(medusa(), None, MEDUSA_TREE, slow_greedy=True),
+    "medusa, chain, sampled": Entry(medusa("sample"), slow_greedy=True, slow_stats=True),
+    "medusa, static tree, top-k": Entry(medusa(), None, MEDUSA_TREE, slow_greedy=True,
+                                        slow_stats=True),
     "medusa, dynamic tree, top-k": Entry(medusa(), None, DynamicTree(num_nodes=6, max_depth=3,
                                                                       top_k=2),
-                                         slow_greedy=True),
+                                         slow_greedy=True, slow_stats=True),
 }
 SAMPLINGS = {"t1": SamplingConfig(temperature=1.0),
              "t0.7-topk4": SamplingConfig(temperature=0.7, top_k=4),
              "topp0.8": SamplingConfig(temperature=1.0, top_p=0.8)}
 PROMPTS = [[1, 2, 3, 4, 1, 2], [7, 7], [30, 2, 5, 9, 11, 3], [4]]
-STAT_ROWS = 30_000
+# Rows per sampling setting in the one batched call of an entry's chi-square test.
+STAT_ROWS = 12_000
 
 
 GREEDY_CASES = [pytest.param(name, marks=pytest.mark.slow) if ENTRIES[name].slow_greedy
@@ -171,23 +175,51 @@ def test_greedy_output_equals_generate(tiny_lm, close_draft, random_draft, name)
             break  # feature drafters ignore the draft model: one run is enough
 
 
-# Tree entries compile a decoder per sampling setting: their chi-square runs are in the
-# `slow` set (`pytest -m slow`, which CI runs too) to keep the default suite short.
-STAT_CASES = [pytest.param(name, sampling, marks=pytest.mark.slow)
-              if ENTRIES[name].tree is not None or ENTRIES[name].slow_stats
-              else (name, sampling)
-              for name in sorted(ENTRIES) for sampling in sorted(SAMPLINGS)
-              if sampling in ENTRIES[name].stat_samplings]
+MIXED = [GREEDY, SamplingConfig(temperature=0.9, top_k=6), GREEDY,
+         SamplingConfig(temperature=1.0, top_p=0.7)]
 
 
-@pytest.mark.parametrize("name, sampling", STAT_CASES)
-def test_sampled_output_follows_the_target(micro_lm, micro_drafts, name, sampling):
+@pytest.mark.parametrize("name", ["draft model, chain, sampled",
+                                  pytest.param("draft model, static tree, sampled",
+                                               marks=pytest.mark.slow),
+                                  pytest.param("draft model, dynamic tree, top-k",
+                                               marks=pytest.mark.slow)])
+def test_greedy_rows_of_a_mixed_batch_equal_generate(tiny_lm, close_draft, name):
+    """Rows with different settings share a batch: its greedy rows (on the sampled path,
+    where p is their argmax one-hot) are exactly greedy decoding, token for token."""
     entry = ENTRIES[name]
-    pvalue, out = speculative_joint_pvalue(
+    plain = specjax.generate(tiny_lm, PROMPTS, max_new_tokens=24, sampling=GREEDY)
+    eos = int(plain.tokens[0, 5])
+    plain = specjax.generate(tiny_lm, PROMPTS, max_new_tokens=24, sampling=GREEDY, eos_id=eos)
+    spec = specjax.speculative_generate(
+        tiny_lm, entry.make(close_draft, tiny_lm), PROMPTS, max_new_tokens=24,
+        num_draft_tokens=entry.num_draft_tokens, sampling=MIXED, eos_id=eos,
+        key=jax.random.key(3), tree=entry.tree)
+    greedy_rows = [row for row, config in enumerate(MIXED) if config.greedy]
+    np.testing.assert_array_equal(np.asarray(spec.tokens)[greedy_rows],
+                                  np.asarray(plain.tokens)[greedy_rows])
+    np.testing.assert_array_equal(np.asarray(spec.lengths)[greedy_rows],
+                                  np.asarray(plain.lengths)[greedy_rows])
+    assert spec.stats.acceptance_rate > 0.0
+
+
+# One batched call per entry: a row group per sampling setting (and a greedy group, which
+# must follow the greedy continuation exactly), one compiled decoder for all of them.
+STAT_CASES = [pytest.param(name, marks=pytest.mark.slow) if ENTRIES[name].slow_stats
+              else name for name in sorted(ENTRIES)]
+
+
+@pytest.mark.parametrize("name", STAT_CASES)
+def test_sampled_output_follows_the_target(micro_lm, micro_drafts, name):
+    entry = ENTRIES[name]
+    settings = [GREEDY] + [SAMPLINGS[s] for s in entry.stat_samplings]
+    pvalues, out = speculative_joint_pvalues(
         micro_lm, entry.make(micro_drafts["close"], micro_lm), list(entry.stat_prompt),
-        SAMPLINGS[sampling],
-        num_draft_tokens=entry.num_draft_tokens, rows=STAT_ROWS, seed=200, tree=entry.tree)
-    assert pvalue > 1e-3, (pvalue, out.stats.acceptance_rate)
+        settings, num_draft_tokens=entry.num_draft_tokens, rows_per_setting=STAT_ROWS,
+        seed=200, tree=entry.tree)
+    assert pvalues[0] == 1.0, "the greedy rows left the greedy continuation"
+    for setting, pvalue in zip(entry.stat_samplings, pvalues[1:], strict=True):
+        assert pvalue > 1e-3, (setting, pvalue, out.stats.acceptance_rate)
     assert out.stats.acceptance_rate > 0.0  # drafts were accepted: the test saw speculation
 
 

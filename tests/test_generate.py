@@ -200,3 +200,17 @@ def test_a_prompt_that_fills_max_seq_len_names_the_prompt_limit(tiny_lm):
     with pytest.raises(ValueError, match="leaves no room for new tokens.*shorten the prompt "
                                          "to at most 124 tokens"):
         generate(tiny_lm, [[1] * 128], max_new_tokens=4, sampling=GREEDY)
+
+
+def test_rows_with_different_settings_share_a_batch(tiny_lm):
+    """Per-row settings: each row decodes exactly as it would in a batch where every row
+    had its setting (same key and row index), greedy rows included."""
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
+    configs = [SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.8, top_k=6),
+               SamplingConfig(top_p=0.7), SamplingConfig(temperature=1.5)]
+    mixed = generate(tiny_lm, prompts, max_new_tokens=12, sampling=configs,
+                     key=jax.random.key(9))
+    for row, config in enumerate(configs):
+        alone = generate(tiny_lm, prompts, max_new_tokens=12, sampling=config,
+                         key=jax.random.key(9))
+        np.testing.assert_array_equal(mixed.tokens[row], alone.tokens[row])

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import SamplingConfig, probabilities, sample_tokens, warp_logits
+from specjax import GREEDY, SamplingConfig, probabilities, sample_tokens, warp_logits
+from specjax.sampling import sampling_params, tree_scores
 
 
 def reference_warp(logits, temperature, top_k, top_p):
@@ -172,3 +173,82 @@ def test_top_p_ties_at_the_cutoff_are_all_kept_where_transformers_keeps_some():
         ours = np.isfinite(np.asarray(warp_logits(jnp.asarray(logits),
                                                   SamplingConfig(top_p=top_p))))
         np.testing.assert_array_equal(ours, np.isfinite(reference_warp(logits, 1.0, 0, top_p)))
+
+
+# ------------------------------------------------------------- per-row settings as data
+
+ROW_CONFIGS = [SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.7, top_k=5),
+               SamplingConfig(temperature=1.3, top_p=0.8), SamplingConfig(),
+               SamplingConfig(temperature=0.5, top_k=3, top_p=0.9),
+               SamplingConfig(temperature=1e-30)]
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_per_row_settings_warp_each_row_as_its_own_config(traced):
+    """One batch, one call, each row warped exactly as its own SamplingConfig warps it
+    alone (also under jit, where the settings are traced arrays and the top-k / top-p
+    searches run under a lax.cond)."""
+    logits = jax.random.normal(jax.random.key(2), (len(ROW_CONFIGS), 3, 40)) * 3
+    params = sampling_params(ROW_CONFIGS, len(ROW_CONFIGS))
+    assert not params.greedy
+    run = jax.jit(probabilities) if traced else probabilities
+    warp = jax.jit(warp_logits) if traced else warp_logits
+    probs, warped = np.asarray(run(logits, params)), np.asarray(warp(logits, params))
+    for row, config in enumerate(ROW_CONFIGS):
+        alone = np.asarray(probabilities(logits[row], config))
+        np.testing.assert_array_equal(probs[row] > 0, alone > 0)
+        np.testing.assert_allclose(probs[row], alone, atol=1e-6)
+        if not config.greedy:
+            np.testing.assert_allclose(warped[row], np.asarray(warp_logits(logits[row], config)),
+                                       rtol=1e-6)
+    np.testing.assert_array_equal(probs[0], np.eye(40)[np.argmax(logits[0], -1)])
+
+
+def test_mixed_batch_samples_greedy_rows_by_argmax_and_others_as_alone():
+    logits = jax.random.normal(jax.random.key(3), (len(ROW_CONFIGS), 30))
+    tokens = np.asarray(jax.jit(sample_tokens)(jax.random.key(4), logits,
+                                                sampling_params(ROW_CONFIGS, len(ROW_CONFIGS))))
+    for row, config in enumerate(ROW_CONFIGS):
+        # Row b draws with fold_in(key, b) whatever its batch mates: the same token as a
+        # batch where every row has its setting.
+        same = sample_tokens(jax.random.key(4), logits, config)
+        assert tokens[row] == int(same[row]), (row, config)
+    assert tokens[0] == int(np.argmax(logits[0]))
+
+
+def test_all_greedy_is_known_on_the_host():
+    assert sampling_params(GREEDY, 3).greedy
+    assert sampling_params([GREEDY, SamplingConfig(temperature=0.0)], 2).greedy
+    assert not sampling_params([GREEDY, SamplingConfig()], 2).greedy
+    params = sampling_params([GREEDY, SamplingConfig(temperature=0.5, top_k=2, top_p=0.3)], 2)
+    np.testing.assert_array_equal(params.temperature, np.float32([0.0, 0.5]))
+    np.testing.assert_array_equal(params.top_k, [0, 2])
+    np.testing.assert_array_equal(params.top_p, np.float32([1.0, 0.3]))
+    # The static bit is part of the pytree's structure, the values are its leaves.
+    assert len(jax.tree.leaves(params)) == 3
+
+
+def test_tree_scores_rank_greedy_rows_by_the_raw_distribution():
+    logits = jnp.asarray([[2.0, 1.0, 0.5, -1.0], [2.0, 1.0, 0.5, -1.0]])
+    params = sampling_params([GREEDY, SamplingConfig(top_k=2)], 2)
+    scores = np.asarray(tree_scores(logits, params))
+    np.testing.assert_allclose(scores[0], np.asarray(jax.nn.log_softmax(logits[0])), rtol=1e-6)
+    assert np.isfinite(scores[1]).tolist() == [True, True, False, False]
+    assert np.all(np.diff(scores[0]) < 0)  # no ties among a greedy row's ranks
+
+
+@pytest.mark.parametrize("sampling, batch, error, message", [
+    ([SamplingConfig()] * 2, 3, ValueError, "lists 2 settings but the batch has 3 rows"),
+    ([SamplingConfig(), 0.5], 2, TypeError, r"sampling\[1\] must be a specjax.SamplingConfig"),
+    ("greedy", 1, TypeError, "sampling must be a specjax.SamplingConfig"),
+    ([], 0, ValueError, "sampling is an empty list"),
+])
+def test_bad_per_row_settings_are_refused(sampling, batch, error, message):
+    with pytest.raises(error, match=message):
+        sampling_params(sampling, batch)
+
+
+def test_settings_of_the_wrong_shape_are_refused_by_the_warper():
+    params = sampling_params(SamplingConfig(temperature=0.5), 3)
+    with pytest.raises(ValueError, match="do not match logits of shape"):
+        warp_logits(jnp.zeros((4, 10)), params)

@@ -15,6 +15,8 @@ from conftest import build_lm
 
 import specjax
 from specjax import GREEDY, DraftModel, SamplingConfig, generate, speculative_generate
+from specjax.sampling import sampling_params
+from specjax.speculative import compile_key
 from specjax.speculative_decoding import _speculative_loop
 from specjax.testing import (
     chi_square_pvalue,
@@ -222,6 +224,19 @@ def test_a_rows_tokens_do_not_depend_on_its_batch_mates(tiny_lm, close_draft):
     alone = call([PROMPTS[2]])
     crowd = call([PROMPTS[2]] + PROMPTS)  # row 0 keeps its index, so its keys
     np.testing.assert_array_equal(alone.tokens[0], crowd.tokens[0])
+
+
+def test_a_rows_tokens_do_not_depend_on_its_batch_mates_settings(tiny_lm, close_draft):
+    """Per-row settings: a row of a mixed batch (greedy, top-k, top-p and plain rows)
+    commits exactly the tokens it commits in a batch where every row has its setting."""
+    configs = [SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.8, top_k=6),
+               SamplingConfig(top_p=0.7), SamplingConfig(temperature=1.5)]
+    call = lambda sampling: speculative_generate(tiny_lm, DraftModel(close_draft), PROMPTS,
+                                                 max_new_tokens=16, num_draft_tokens=3,
+                                                 sampling=sampling, key=jax.random.key(9))
+    mixed = call(configs)
+    for row, config in enumerate(configs):
+        np.testing.assert_array_equal(mixed.tokens[row], call(config).tokens[row])
 
 
 def test_no_recompilation_for_new_contents_key_or_max_new_tokens(tiny_lm, close_draft):
@@ -616,15 +631,18 @@ def test_a_confidence_threshold_with_a_tree_is_refused(tiny_lm, close_draft):
                                                                 top_k=2))
 
 
-def _cache_copies(target, drafter, num_draft_tokens: int) -> list[str]:
+def _cache_copies(target, drafter, num_draft_tokens: int, sampling=GREEDY) -> list[str]:
     """The `copy` instructions of the compiled decode loop whose result has the shape of
     one of the target's KV-cache arrays."""
     state, drafter = specjax.init_speculative_state(target, drafter, PROMPTS,
                                                     max_new_tokens=8,
                                                     num_draft_tokens=num_draft_tokens,
-                                                    sampling=GREEDY)
-    config = specjax.SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=GREEDY)
-    hlo = _speculative_loop.lower(target, drafter, state, config).compile().as_text()
+                                                    sampling=sampling,
+                                                    key=jax.random.key(0))
+    config = specjax.SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling)
+    params = sampling_params(sampling, len(PROMPTS))
+    hlo = _speculative_loop.lower(target, drafter, state, compile_key(config, params),
+                                  params).compile().as_text()
     cache_shapes = {"[" + ",".join(map(str, leaf.shape)) + "]"
                     for leaf in jax.tree.leaves(state.target_cache) if leaf.ndim >= 3}
     return [line.strip() for line in hlo.splitlines() if " copy(" in line
@@ -636,8 +654,11 @@ def test_choosing_a_verify_width_copies_no_kv_cache(tiny_lm, close_draft, drafte
     """A step that picks its verify width (0 or K for prompt lookup; 0..K with a
     confidence threshold) updates the KV cache in place, as a fixed-width step does: the
     compiled loop holds no copy of a cache array (a `lax.switch` over the widths made XLA
-    copy the whole cache once or twice per step)."""
+    copy the whole cache once or twice per step). Sampled with traced settings too (the
+    top-k / top-p searches run under a `lax.cond` over the logits, never the cache)."""
     drafter = (specjax.PromptLookup() if drafter == "prompt lookup"
                else DraftModel(close_draft, "greedy", min_confidence=0.3))
     assert _cache_copies(tiny_lm, DraftModel(close_draft, "greedy"), 4) == []
     assert _cache_copies(tiny_lm, drafter, 4) == []
+    sampled = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
+    assert _cache_copies(tiny_lm, drafter, 4, sampled) == []

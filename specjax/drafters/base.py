@@ -6,6 +6,9 @@ state and three pure functions, all called inside the jitted speculative step:
 - `init(prompt_tokens[B,P], prompt_lengths[B], capacity) -> state`: once, at prefill.
 - `propose(state, context, key, *, num_draft_tokens, sampling, vocab_size)
    -> (state, Proposal)`: K draft tokens per row and the distribution each was drawn from.
+   `sampling` is `specjax.sampling.SamplingParams`: per-row settings as traced arrays
+   (the draft warps its logits with `probabilities(logits, sampling)`, one-hot on greedy
+   rows) and a static `greedy` (every row greedy: argmax drafting, one-hot q).
    A drafter that drafts token trees sets `drafts_trees = True` and also takes
    `tree=TreeShape` (then it proposes the tree's N nodes in its node order, with q or
    None for deterministic children); `forwards_per_step` takes the same `tree=`. One
@@ -39,7 +42,7 @@ from jax import Array
 from jaxtyping import Bool, Float, Int
 
 from specjax.causal_lm import CausalLM
-from specjax.sampling import SamplingConfig
+from specjax.sampling import SamplingConfig, SamplingParams
 
 
 @jax.tree_util.register_dataclass
@@ -175,6 +178,6 @@ class Drafter(Protocol):
     def init(self, prompt_tokens_BP: Array, prompt_lengths_B: Array, capacity: int) -> Any: ...
 
     def propose(self, state: Any, context: DraftContext, key: Array, *, num_draft_tokens: int,
-                sampling: SamplingConfig, vocab_size: int) -> tuple[Any, Proposal]: ...
+                sampling: SamplingParams, vocab_size: int) -> tuple[Any, Proposal]: ...
 
     def commit(self, state: Any, commit: Commit) -> Any: ...

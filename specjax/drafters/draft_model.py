@@ -31,7 +31,15 @@ from specjax.drafters.base import (
     token_confidence,
 )
 from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
-from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
+from specjax.sampling import (
+    SamplingConfig,
+    SamplingParams,
+    probabilities,
+    row_keys,
+    sample_from_probs,
+    sampling_params,
+    tree_scores,
+)
 from specjax.trees import DynamicTree, TreeShape, ancestor_mask
 
 DRAFT_METHODS = ("sample", "greedy")
@@ -60,24 +68,40 @@ def fit_vocab(logits_BV: Array, vocab_size: int) -> Array:
     return logits_BV
 
 
-def draw_children(key: Array, logits_BV: Array, ranks: int, sampling: SamplingConfig, *,
-                  deterministic: bool):
+def draw_children(key: Array, logits_BV: Array, ranks: int,
+                  sampling: SamplingConfig | SamplingParams, *, deterministic: bool):
     """`ranks` children of one tree node from draft logits over the target's vocabulary:
     `(tokens [B, R], q [B, R, V] or None, never_accept [B, R])`.
 
-    Deterministic (`deterministic`, or a greedy target): the draft's top `ranks` tokens,
+    Deterministic (`deterministic`, or every row greedy): the draft's top `ranks` tokens,
     q None. Sampled: drawn without replacement from the warped draft distribution, the
     r-th from it without the first r (that is its q). When the distribution has fewer
     than `ranks` tokens (top-k, top-p), the extra children get token 0 and are marked
     never-accept: the target evaluates them, the walk skips them, so the verification
-    stays exact.
+    stays exact. In a batch that mixes greedy and sampled rows, greedy rows get the
+    top `ranks` tokens with one-hot q (a deterministic child, accepted with p(x)).
     """
     logits_BV = logits_BV.astype(jnp.float32)
     batch, vocab_size = logits_BV.shape
-    if deterministic or sampling.greedy:
-        _, top_BR = jax.lax.top_k(logits_BV, ranks)
-        return top_BR.astype(jnp.int32), None, jnp.zeros((batch, ranks), bool)
-    q_BV = probabilities(logits_BV, sampling)
+    _, top_BR = jax.lax.top_k(logits_BV, ranks)
+    top_BR = top_BR.astype(jnp.int32)
+    params = sampling_params(sampling, batch)
+    if deterministic or params.greedy:
+        return top_BR, None, jnp.zeros((batch, ranks), bool)
+    tokens_BR, q_BRV, never_BR = _sample_children(key, probabilities(logits_BV, params), ranks)
+    greedy_B = params.row_greedy
+    if isinstance(greedy_B, np.ndarray) and not greedy_B.any():
+        return tokens_BR, q_BRV, never_BR
+    greedy_B = jnp.broadcast_to(greedy_B, (batch,))
+    return (jnp.where(greedy_B[:, None], top_BR, tokens_BR),
+            jnp.where(greedy_B[:, None, None],
+                      jax.nn.one_hot(top_BR, vocab_size, dtype=jnp.float32), q_BRV),
+            never_BR & ~greedy_B[:, None])
+
+
+def _sample_children(key: Array, q_BV: Array, ranks: int):
+    """`ranks` tokens drawn without replacement from `q_BV` (see `draw_children`)."""
+    batch, vocab_size = q_BV.shape
     tokens, qs, never = [], [], []
     for rank_key in jax.random.split(key, ranks):
         mass_B = jnp.sum(q_BV, axis=-1)
@@ -196,7 +220,7 @@ class DraftModel:
             return scatter_to_vocab(logits_BV, self.draft_vocab, vocab_size)
         return fit_vocab(logits_BV.astype(jnp.float32), vocab_size)
 
-    def _draw(self, key: Array, logits_BV: Array, sampling: SamplingConfig,
+    def _draw(self, key: Array, logits_BV: Array, sampling: SamplingParams,
               vocab_size: int) -> tuple[Array, Array]:
         logits_BV = self._target_logits(logits_BV, vocab_size)
         if self.method == "greedy" or sampling.greedy:
@@ -206,7 +230,7 @@ class DraftModel:
         return sample_from_probs(row_keys(key, q_BV.shape[0]), q_BV), q_BV
 
     def propose(self, state: DraftModelState, context: DraftContext, key: Array, *,
-                num_draft_tokens: int, sampling: SamplingConfig, vocab_size: int,
+                num_draft_tokens: int, sampling: SamplingParams, vocab_size: int,
                 tree: TreeShape | DynamicTree | None = None
                 ) -> tuple[DraftModelState, Proposal]:
         if isinstance(tree, DynamicTree):
@@ -254,7 +278,7 @@ class DraftModel:
         """The draft's temperature-1 probability of each drafted (target) id."""
         return token_confidence(self._target_logits(logits_BV, vocab_size), token_B)
 
-    def _children(self, key: Array, logits_BV: Array, ranks: int, sampling: SamplingConfig,
+    def _children(self, key: Array, logits_BV: Array, ranks: int, sampling: SamplingParams,
                   vocab_size: int):
         """`ranks` children of one node (see `draw_children`)."""
         return draw_children(key, self._target_logits(logits_BV, vocab_size), ranks,
@@ -277,18 +301,13 @@ class DraftModel:
             logits_BD1V, (lengths_B - 1 - start_B)[:, None, None], axis=1)[:, 0]
         return cache, root_logits_BV
 
-    def _log_probs(self, logits_BV: Array, sampling: SamplingConfig,
+    def _log_probs(self, logits_BV: Array, sampling: SamplingParams,
                    vocab_size: int) -> Array:
-        """Scores for a dynamic tree: the draft's log-probabilities over the target's
-        vocabulary, warped like the target's (so tokens the target's top-k / top-p cannot
-        produce rank last); at temperature 0, the unwarped ones (one-hot would tie)."""
-        logits_BV = self._target_logits(logits_BV, vocab_size)
-        if sampling.greedy:
-            return jax.nn.log_softmax(logits_BV, axis=-1)
-        return jnp.log(probabilities(logits_BV, sampling))
+        """Scores for a dynamic tree over the target's vocabulary (`tree_scores`)."""
+        return tree_scores(self._target_logits(logits_BV, vocab_size), sampling)
 
     def _propose_dynamic_tree(self, state: DraftModelState, context: DraftContext,
-                              tree: DynamicTree, sampling: SamplingConfig,
+                              tree: DynamicTree, sampling: SamplingParams,
                               vocab_size: int) -> tuple[DraftModelState, Proposal]:
         """Grow an EAGLE-2 tree per row (`specjax.dynamic_trees`) in `tree.max_depth` draft
         forwards: the catch-up forward gives the root's children; each later forward feeds
@@ -313,7 +332,7 @@ class DraftModel:
                 Proposal(tokens=tokens_BN, q=None, parents=parents_BN))
 
     def _propose_tree(self, state: DraftModelState, context: DraftContext, key: Array,
-                      tree: TreeShape, sampling: SamplingConfig,
+                      tree: TreeShape, sampling: SamplingParams,
                       vocab_size: int) -> tuple[DraftModelState, Proposal]:
         """Draft every node of a static tree in `tree.max_depth` draft forwards.
 

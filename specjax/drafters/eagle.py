@@ -53,7 +53,14 @@ from specjax.drafters.feature_head import (
     init_head_params,
 )
 from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
-from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
+from specjax.sampling import (
+    SamplingConfig,
+    SamplingParams,
+    probabilities,
+    row_keys,
+    sample_from_probs,
+    tree_scores,
+)
 from specjax.trees import DynamicTree, TreeShape, ancestor_mask
 
 # Slots past the target's capacity in the head's cache: a dynamic tree re-feeds every
@@ -259,13 +266,9 @@ class Eagle:
         q_BV = probabilities(logits_BV, sampling)
         return sample_from_probs(row_keys(key, q_BV.shape[0]), q_BV), q_BV
 
-    def _log_probs(self, logits_BV, sampling):
-        if sampling.greedy:
-            return jax.nn.log_softmax(logits_BV, axis=-1)
-        return jnp.log(probabilities(logits_BV, sampling))
 
     def propose(self, state: EagleState, context: DraftContext, key: Array, *,
-                num_draft_tokens: int, sampling: SamplingConfig, vocab_size: int,
+                num_draft_tokens: int, sampling: SamplingParams, vocab_size: int,
                 tree: TreeShape | DynamicTree | None = None) -> tuple[EagleState, Proposal]:
         if isinstance(tree, DynamicTree):
             return self._propose_dynamic_tree(state, tree, sampling)
@@ -302,7 +305,7 @@ class Eagle:
                 Proposal(tokens=tokens_BK, q=q_BKV, num_real=num_real_B))
 
     def _propose_tree(self, state: EagleState, key: Array, tree: TreeShape,
-                      sampling: SamplingConfig, vocab_size: int):
+                      sampling: SamplingParams, vocab_size: int):
         """Level by level: the root's children from the head's output at the last committed
         token; each later forward feeds the nodes up to depth d (each with its parent's
         output as its feature, attending to its ancestors) and gives the children of the
@@ -356,7 +359,7 @@ class Eagle:
                 Proposal(tokens=tokens_BN, q=q_BNV, never_accept=never_BN))
 
     def _propose_dynamic_tree(self, state: EagleState, tree: DynamicTree,
-                              sampling: SamplingConfig):
+                              sampling: SamplingParams):
         """EAGLE-2: grow each row's tree from the head's top-k (see
         `specjax.dynamic_trees`); each expansion re-feeds the expanded nodes, each with its
         parent's output as its feature."""
@@ -378,11 +381,11 @@ class Eagle:
             out_BFD, keys, values = self._block(nodes.tokens, features_BFD, positions_BF, keys,
                                                 values, lengths_B, mask_BFF)
             frontier_BkV = self._logits(out_BFD[:, -tree.top_k:])
-            return (keys, values, out_BFD), self._log_probs(frontier_BkV, sampling)
+            return (keys, values, out_BFD), tree_scores(frontier_BkV, sampling)
 
         empty_B0D = jnp.zeros((root_BD.shape[0], 0, root_BD.shape[1]), jnp.float32)
         (keys, values, _), tokens_BN, parents_BN = grow_dynamic_tree(
-            tree, self._log_probs(self._logits(root_BD), sampling), expand,
+            tree, tree_scores(self._logits(root_BD), sampling), expand,
             (state.keys, state.values, empty_B0D))
         return (dataclasses.replace(state, keys=keys, values=values),
                 Proposal(tokens=tokens_BN, q=None, parents=parents_BN))

@@ -31,7 +31,14 @@ from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.drafters.draft_model import DRAFT_METHODS
 from specjax.drafters.eagle import accepted_feature_index, load_head, save_head
 from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
-from specjax.sampling import SamplingConfig, probabilities, row_keys, sample_from_probs
+from specjax.sampling import (
+    SamplingConfig,
+    SamplingParams,
+    probabilities,
+    row_keys,
+    sample_from_probs,
+    tree_scores,
+)
 from specjax.trees import DynamicTree, TreeShape
 
 
@@ -151,7 +158,7 @@ class Medusa:
         return MedusaState(jnp.where((count_B > 0)[:, None], hidden_BD, state.hidden))
 
     def propose(self, state: MedusaState, context: DraftContext, key: Array, *,
-                num_draft_tokens: int, sampling: SamplingConfig, vocab_size: int,
+                num_draft_tokens: int, sampling: SamplingParams, vocab_size: int,
                 tree: TreeShape | DynamicTree | None = None) -> tuple[MedusaState, Proposal]:
         logits_BMV = medusa_logits(self.params, self.lm_head, state.hidden)
         if isinstance(tree, DynamicTree):
@@ -185,13 +192,10 @@ class Medusa:
                         never_accept=jnp.zeros(tokens_BN.shape, bool))
 
     def _dynamic_tree(self, logits_BMV: Array, tree: DynamicTree,
-                      sampling: SamplingConfig) -> Proposal:
+                      sampling: SamplingParams) -> Proposal:
         """Every frontier node's children come from the head of the next depth."""
         self._check_depth(tree.max_depth, f"a dynamic tree of depth {tree.max_depth}")
-        if sampling.greedy:
-            log_probs_BMV = jax.nn.log_softmax(logits_BMV, axis=-1)
-        else:
-            log_probs_BMV = jnp.log(probabilities(logits_BMV, sampling))
+        log_probs_BMV = tree_scores(logits_BMV, sampling)
 
         def expand(depth, nodes: ExpandedNodes):
             frontier_BkV = jnp.broadcast_to(log_probs_BMV[:, depth][:, None],

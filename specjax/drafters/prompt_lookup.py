@@ -27,7 +27,7 @@ from jax import Array
 
 from specjax.causal_lm import CausalLM
 from specjax.drafters.base import Commit, DraftContext, Proposal
-from specjax.sampling import SamplingConfig
+from specjax.sampling import SamplingConfig, SamplingParams
 
 
 @jax.tree_util.register_dataclass
@@ -105,7 +105,7 @@ class PromptLookup:
         return drafts_BK.astype(jnp.int32), best_size_B
 
     def propose(self, state: Array, context: DraftContext, key: Array, *,
-                num_draft_tokens: int, sampling: SamplingConfig,
+                num_draft_tokens: int, sampling: SamplingParams,
                 vocab_size: int) -> tuple[Array, Proposal]:
         drafts_BK, ngram_size_B = self.lookup(context.sequence, context.lengths,
                                               num_draft_tokens)

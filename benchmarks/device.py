@@ -1,0 +1,201 @@
+"""The measurements an accelerator session owes the project, in one bounded run.
+
+1. The verify-cost curve v(K): one cached forward of K + 1 tokens per row in one-token
+   target steps, for K + 1 in {1, 2, 3, 5, 9, 17, 33, 65}, batch 1, on the bundled target
+   and SmolLM2-135M, float32 and bfloat16, unrolled against scanned layers (each forward
+   timed as a decode loop runs it: `specjax.timing.forward_timer`).
+2. The decode-phase speedup over plain decoding (greedy, batch 1, same run, compile
+   excluded) of the draft-model chain, the EAGLE-3 dynamic tree and prompt lookup, on the
+   bundled pair (its shipped draft and head) and SmolLM2 (the shipped distilled draft and
+   EAGLE-3 head).
+
+Results are written after every section, so a run cut short still leaves what it
+measured; `--budget-s` skips what would not fit (recorded as skipped).
+
+    python -m benchmarks.device --out DIR [--budget-s 420]
+    python -m benchmarks.device --out DIR --dry-run   # CI-sized: bundled pair, tiny sizes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import specjax
+import specjax_models
+from benchmarks.common import machine_record
+from benchmarks.trees import measure
+from specjax.timing import forward_timer, interleaved_medians
+from specjax.trees import DynamicTree
+
+WIDTHS = (1, 2, 3, 5, 9, 17, 33, 65)
+DRY_WIDTHS = (1, 2, 3)
+
+
+class Budget:
+    """Seconds left of the run's device time; items that would start past it are skipped."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.monotonic() + seconds
+        self.skipped: list[str] = []
+
+    def allows(self, what: str) -> bool:
+        if time.monotonic() < self.deadline:
+            return True
+        self.skipped.append(what)
+        print(f"skipped (budget spent): {what}", flush=True)
+        return False
+
+
+def load_models(dry_run: bool, dtype=None, scan_layers: bool = False) -> dict:
+    """name -> (target, draft model or drafter, EAGLE-3 head, prompt ids)."""
+    tok = specjax_models.ByteTokenizer()
+    prompt = next(p for p in specjax_models.bundled_prompts() if p["kind"] == "continue")
+    models = {"bundled": (specjax_models.load_bundled("target", dtype, scan_layers),
+                          lambda: specjax_models.load_bundled("draft", dtype, scan_layers),
+                          lambda: specjax_models.load_bundled("eagle3"),
+                          tok.encode(prompt["text"]))}
+    if dry_run:
+        return models
+    try:
+        path = specjax_models.smollm2_path()
+    except FileNotFoundError as error:
+        print(f"skipping SmolLM2: {error}", flush=True)
+        return models
+    target = specjax_models.from_gguf(path, dtype=dtype, scan_layers=scan_layers)
+    ids = specjax_models.gguf_tokenizer(path).apply_chat_template(
+        [{"role": "user", "content": "Rewrite this sentence in the passive voice: the cat "
+                                     "chased the mouse across the garden."}])
+
+    def draft():
+        from specjax_models.chat_draft import SMOLLM2_DRAFT, load_layer_draft
+
+        return load_layer_draft(SMOLLM2_DRAFT, target, "greedy")
+
+    def head():
+        from specjax_models.chat_head import SMOLLM2_HEAD
+        from specjax_models.heads import load_head_for
+
+        return load_head_for(SMOLLM2_HEAD, target)
+
+    models["SmolLM2-135M"] = (target, draft, head, ids)
+    return models
+
+
+def verify_costs(args, budget: Budget) -> list[dict]:
+    widths = DRY_WIDTHS if args.dry_run else WIDTHS
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        for layout in ("unrolled", "scan"):
+            if not budget.allows(f"v(K) {dtype} {layout}"):
+                continue
+            models = load_models(args.dry_run, dtype, layout == "scan")
+            for name, (target, *_rest) in models.items():
+                timers = {width: forward_timer(target, 1, width, cache_slots=256, position=64,
+                                               steps=args.steps)
+                          for width in widths}
+                seconds = interleaved_medians(timers, args.reps)
+                for width in widths:
+                    rows.append({"model": name, "dtype": dtype, "layout": layout,
+                                 "tokens": width, "ms": 1e3 * seconds[width],
+                                 "steps": seconds[width] / seconds[1]})
+                print(f"v(K) {name} {dtype} {layout}: " + ", ".join(
+                    f"{w}:{seconds[w] / seconds[1]:.2f}" for w in widths), flush=True)
+    return rows
+
+
+def decode_speedups(args, budget: Budget) -> list[dict]:
+    rows = []
+    settings = SimpleNamespace(new_tokens=args.new_tokens, reps=args.reps)
+    for name, (target, draft, head, ids) in load_models(args.dry_run).items():
+        shapes = {
+            "draft model, chain K=4": lambda draft=draft: (
+                as_chain_drafter(draft()), 4, None),
+            "EAGLE-3, dynamic tree 16": lambda head=head: (
+                head().with_method("greedy"), None, DynamicTree(16, 6, 4)),
+            "prompt lookup, chain K=4": lambda: (specjax.PromptLookup(min_ngram_size=1), 4,
+                                                 None),
+        }
+        for label, make in shapes.items():
+            if not budget.allows(f"decode {name} {label}"):
+                continue
+            drafter, k, tree = make()
+            row = measure(target, drafter, [list(ids)], specjax.GREEDY, settings, k=k,
+                          tree=tree)
+            rows.append({"model": name, "decoder": label, **row})
+            print(f"decode {name}, {label}: {row['decode_speedup']:.2f}x (tau "
+                  f"{row['tau']:.2f}, identical to plain: {row['greedy_identical']})",
+                  flush=True)
+    return rows
+
+
+def as_chain_drafter(draft):
+    """A CausalLM draft as a greedy-drafting DraftModel; a drafter as it is."""
+    return specjax.DraftModel(draft, "greedy") if isinstance(draft, specjax.CausalLM) else draft
+
+
+def write(out: Path, payload: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "device.json").write_text(json.dumps(payload, indent=2) + "\n")
+    lines = ["# Device run", "", f"`{payload['machine']['command']}` on "
+             f"{', '.join(payload['machine']['devices'])} (jax {payload['machine']['jax']}, "
+             f"backend {payload['machine']['jax_backend']}).", ""]
+    if payload["verify"]:
+        lines += ["## Verify cost v(K): a forward of K + 1 tokens in one-token steps "
+                  "(batch 1, 64 tokens of context)", ""]
+        groups = {}
+        for r in payload["verify"]:
+            groups.setdefault((r["model"], r["dtype"], r["layout"]), {})[r["tokens"]] = r
+        widths = sorted({r["tokens"] for r in payload["verify"]})
+        lines += ["| model | dtype | layout | 1-token ms | " + " | ".join(
+            f"K+1={w}" for w in widths) + " |", "|---|---|---|---|" + "---|" * len(widths)]
+        for (model, dtype, layout), by_width in groups.items():
+            lines.append(f"| {model} | {dtype} | {layout} | {by_width[1]['ms']:.3f} | "
+                         + " | ".join(f"{by_width[w]['steps']:.2f}" if w in by_width else "-"
+                                      for w in widths) + " |")
+    if payload["decode"]:
+        lines += ["", "## Decode-phase speedup over plain decoding (greedy, batch 1)", "",
+                  "| model | decoder | decode speedup | end to end | tau | identical |",
+                  "|---|---|---|---|---|---|"]
+        for r in payload["decode"]:
+            lines.append(f"| {r['model']} | {r['decoder']} | {r['decode_speedup']:.2f} | "
+                         f"{r['speedup']:.2f} | {r['tau']:.2f} | {r['greedy_identical']} |")
+    if payload["skipped"]:
+        lines += ["", "Skipped (time budget): " + "; ".join(payload["skipped"])]
+    (out / "device.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CI-sized: the bundled pair only, 3 widths, few tokens")
+    parser.add_argument("--budget-s", type=float, default=420.0,
+                        help="start nothing new after this many seconds (default 420)")
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--new-tokens", type=int, default=None)
+    args = parser.parse_args(argv)
+    args.reps = args.reps or (1 if args.dry_run else 5)
+    args.steps = args.steps or (2 if args.dry_run else 16)
+    args.new_tokens = args.new_tokens or (6 if args.dry_run else 96)
+    budget = Budget(args.budget_s)
+    payload = {"machine": machine_record(), "args": {k: str(v) for k, v in vars(args).items()},
+               "verify": [], "decode": [], "skipped": budget.skipped}
+    started = time.monotonic()
+    payload["decode"] = decode_speedups(args, budget)
+    write(args.out, payload)
+    payload["verify"] = verify_costs(args, budget)
+    payload["seconds"] = time.monotonic() - started
+    write(args.out, payload)
+    print(f"wrote {args.out}/device.json and device.md in {payload['seconds']:.0f} s",
+          flush=True)
+    if budget.skipped:
+        print(f"skipped: {budget.skipped}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""JAX's persistent compilation cache, in a per-user folder.
+
+A decoder compiles once per shape; the persistent cache keeps the compiled programs on
+disk, so a new process (a second `specjax generate`, a restarted notebook kernel) loads
+them instead of compiling again. The command line turns it on by default; notebooks call
+`specjax.enable_compilation_cache()`.
+
+The folder is trusted code: JAX runs what it finds there, so it is created private to the
+user (mode 0700) and never shared.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+
+# Set to a folder to put the cache there; to one of OFF_VALUES to turn the command line's
+# cache off.
+ENV_VAR = "SPECJAX_COMPILATION_CACHE"
+OFF_VALUES = ("0", "off", "false", "no", "none")
+# Programs that compile faster than this are not worth a disk round trip.
+MIN_COMPILE_SECS = 0.2
+
+
+def default_cache_dir() -> Path:
+    """`$SPECJAX_COMPILATION_CACHE` when it names a folder, else
+    `$XDG_CACHE_HOME/specjax/jax` (`~/.cache/specjax/jax` by default)."""
+    chosen = os.environ.get(ENV_VAR, "").strip()
+    if chosen and chosen.lower() not in OFF_VALUES:
+        return Path(chosen).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "specjax" / "jax"
+
+
+def cache_turned_off_by_env() -> bool:
+    """True when `$SPECJAX_COMPILATION_CACHE` is 0 / off / false / no / none."""
+    return os.environ.get(ENV_VAR, "").strip().lower() in OFF_VALUES
+
+
+def enable_compilation_cache(path: str | os.PathLike | None = None, *,
+                             min_compile_secs: float = MIN_COMPILE_SECS) -> Path:
+    """Turn on JAX's persistent compilation cache in `path` (default: `default_cache_dir()`)
+    and return the folder.
+
+    Programs whose compilation took at least `min_compile_secs` are written there; later
+    processes with the same JAX version, backend and program load them instead of
+    compiling. Takes effect for compilations after the call, even when some already ran.
+    """
+    if isinstance(min_compile_secs, bool) or not isinstance(min_compile_secs, (int, float)) \
+            or not min_compile_secs >= 0:
+        raise ValueError(f"min_compile_secs must be a number >= 0, got {min_compile_secs!r}")
+    folder = Path(default_cache_dir() if path is None else path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"the compilation cache folder {folder} is a file; pass a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as error:
+        raise ValueError(f"cannot create the compilation cache folder {folder}: {error}; "
+                         f"pass another path, or set {ENV_VAR}=off") from error
+    from jax.experimental.compilation_cache import compilation_cache
+
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_secs))
+    # JAX decides once per process whether the cache is in use (at the first compile):
+    # reset that decision so the folder applies from now on.
+    compilation_cache.reset_cache()
+    return folder

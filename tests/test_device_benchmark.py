@@ -1,0 +1,36 @@
+"""benchmarks/device.sh, the accelerator session's one script, dry-run on CPU at CI size so
+that it cannot rot between the sessions that get a device."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_device_script_runs_every_measurement_at_ci_size(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, BUDGET_S="900")
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "device.sh"), "--dry-run"],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "device.json").read_text())
+    assert result["skipped"] == []
+    curves = {(r["model"], r["dtype"], r["layout"]) for r in result["verify"]}
+    assert curves == {("bundled", dtype, layout) for dtype in ("float32", "bfloat16")
+                      for layout in ("unrolled", "scan")}
+    for row in result["verify"]:
+        assert row["ms"] > 0 and (row["tokens"] > 1 or row["steps"] == 1.0)
+    decoders = {r["decoder"] for r in result["decode"]}
+    assert decoders == {"draft model, chain K=4", "EAGLE-3, dynamic tree 16",
+                        "prompt lookup, chain K=4"}
+    for row in result["decode"]:
+        assert row["greedy_identical"] is True  # greedy: the same tokens as plain decoding
+        assert row["tau"] >= 1.0 and row["decode_speedup"] > 0
+    report = (tmp_path / "device.md").read_text()
+    assert "Verify cost v(K)" in report and "Decode-phase speedup" in report
+    assert (tmp_path / "machine.txt").exists()
