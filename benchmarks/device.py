@@ -181,7 +181,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     args.reps = args.reps or (1 if args.dry_run else 5)
     args.steps = args.steps or (2 if args.dry_run else 16)
-    args.new_tokens = args.new_tokens or (6 if args.dry_run else 96)
+    args.new_tokens = args.new_tokens or (12 if args.dry_run else 96)
     budget = Budget(args.budget_s)
     payload = {"machine": machine_record(), "args": {k: str(v) for k, v in vars(args).items()},
                "verify": [], "decode": [], "skipped": budget.skipped}

@@ -142,6 +142,23 @@ def test_generate_summary_quiet_and_length_warning():
 
 
 @pytest.mark.slow
+def test_compiled_programs_go_to_the_cache_folder_unless_turned_off(tmp_path):
+    import os
+
+    args = ("generate", "x = 1\n", "--max-new-tokens", "4", "--quiet", "--no-speculation")
+    env = dict(os.environ, SPECJAX_COMPILATION_CACHE=str(tmp_path / "cache"))
+    off = subprocess.run([sys.executable, "-m", "specjax.cli", *args,
+                          "--no-compilation-cache"], capture_output=True, text=True,
+                         timeout=240, env=env)
+    assert off.returncode == 0, off.stderr
+    assert not (tmp_path / "cache").exists()
+    on = subprocess.run([sys.executable, "-m", "specjax.cli", *args], capture_output=True,
+                        text=True, timeout=240, env=env)
+    assert on.returncode == 0, on.stderr
+    assert any((tmp_path / "cache").iterdir())
+    assert on.stdout == off.stdout
+
+@pytest.mark.slow
 def test_ctrl_c_ends_cleanly_with_what_was_generated():
     # A shell running this suite in the background leaves SIGINT ignored in its children,
     # and Python keeps an ignored SIGINT ignored: restore the default for the CLI.

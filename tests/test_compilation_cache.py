@@ -12,7 +12,11 @@ import pytest
 
 import specjax
 from specjax import DraftModel, SamplingConfig
-from specjax.compilation_cache import default_cache_dir, enable_compilation_cache
+from specjax.compilation_cache import (
+    cache_turned_off_by_env,
+    default_cache_dir,
+    enable_compilation_cache,
+)
 from specjax.testing import count_compilations
 from specjax.trees import DynamicTree, TreeShape
 
@@ -105,8 +109,9 @@ def test_per_row_sampling_must_match_the_batch(tiny_lm):
 
 def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECJAX_COMPILATION_CACHE", str(tmp_path / "mine"))
-    assert default_cache_dir() == tmp_path / "mine"
+    assert default_cache_dir() == tmp_path / "mine" and not cache_turned_off_by_env()
     monkeypatch.setenv("SPECJAX_COMPILATION_CACHE", "off")
+    assert cache_turned_off_by_env()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_cache_dir() == tmp_path / "xdg" / "specjax" / "jax"
 
