@@ -302,6 +302,18 @@ def _greedy_rows(params: SamplingParams, logits: Array):
     return greedy_row
 
 
+def _on_greedy_rows(greedy_row, replacement, values: Array) -> Array:
+    """`values` with greedy rows replaced by `replacement()`: skipped when no row is
+    greedy (known on the host, or a `lax.cond` on traced settings, which spares a sampled
+    batch an argmax and a select over the vocabulary)."""
+    if greedy_row is None:
+        return values
+    if _known(greedy_row):
+        return jnp.where(greedy_row, replacement(), values)
+    return jax.lax.cond(jnp.any(greedy_row),
+                        lambda v: jnp.where(greedy_row, replacement(), v), lambda v: v, values)
+
+
 def probabilities(logits_BV: Array, sampling: SamplingConfig | SamplingParams) -> Array:
     """Float32 distribution `[..., V]` that a token is drawn from: the warped softmax, the
     argmax one-hot on greedy rows."""
@@ -312,8 +324,7 @@ def probabilities(logits_BV: Array, sampling: SamplingConfig | SamplingParams) -
     if params.greedy:
         return one_hot()
     probs = jax.nn.softmax(warp_logits(logits, params), axis=-1)
-    greedy_row = _greedy_rows(params, logits)
-    return probs if greedy_row is None else jnp.where(greedy_row, one_hot(), probs)
+    return _on_greedy_rows(_greedy_rows(params, logits), one_hot, probs)
 
 
 def tree_scores(logits_BV: Array, sampling: SamplingConfig | SamplingParams) -> Array:
@@ -326,8 +337,7 @@ def tree_scores(logits_BV: Array, sampling: SamplingConfig | SamplingParams) -> 
     if params.greedy:
         return raw
     warped = jnp.log(probabilities(logits, params))
-    greedy_row = _greedy_rows(params, logits)
-    return warped if greedy_row is None else jnp.where(greedy_row, raw, warped)
+    return _on_greedy_rows(_greedy_rows(params, logits), lambda: raw, warped)
 
 
 def row_keys(key: Array, batch: int) -> Array:
