@@ -161,11 +161,12 @@ def cli_cache_runs(skip_smollm2: bool) -> list[dict]:
     """Two `specjax generate` processes sharing one empty cache folder: the CLI's own
     compile_seconds, first and second."""
     rows = []
-    commands = {"bundled pair, K=4": ["generate", "def parse(source):\n    ", "--json",
+    commands = {"bundled pair, draft model K=4": ["generate", "def parse(source):\n    ", "--json",
                                       "--max-new-tokens", "32"]}
     if not skip_smollm2:
-        commands["SmolLM2 (draft model)"] = ["generate", "Why is the sky blue?", "--model",
-                                             "smollm2", "--json", "--max-new-tokens", "32"]
+        commands["SmolLM2, prompt lookup (its default)"] = [
+            "generate", "Why is the sky blue?", "--model", "smollm2", "--json",
+            "--max-new-tokens", "32"]
     for name, args in commands.items():
         with tempfile.TemporaryDirectory() as folder:
             env = dict(os.environ, SPECJAX_COMPILATION_CACHE=folder)
