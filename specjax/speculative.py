@@ -20,7 +20,7 @@ from jax import Array
 from jaxtyping import Bool, Int, Key
 
 from specjax.causal_lm import CausalLM
-from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.drafters.base import Commit, DraftContext, Proposal, check_proposal
 from specjax.rejection import accept_greedy, accept_sampled
 from specjax.sampling import (
     GREEDY,
@@ -128,63 +128,6 @@ def check_config_matches_state(state: SpeculativeState, config: SpeculativeConfi
             f"SpeculativeConfig asks for {config.num_draft_tokens}; step it with "
             f"SpeculativeConfig(num_draft_tokens={built_for}, ...), or build a new state with "
             f"init_speculative_state(..., num_draft_tokens={config.num_draft_tokens})")
-
-
-def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int, vocab_size: int,
-                   tree: TreeShape | DynamicTree | None = None) -> None:
-    """Refuse (at trace time) a proposal that breaks the drafter contract, naming the
-    drafter, the field and the expected shape."""
-    name = type(drafter).__name__
-    if not isinstance(proposal, Proposal):
-        raise TypeError(f"{name}.propose must return (state, specjax.drafters.Proposal), got "
-                        f"{type(proposal).__name__}")
-    expected = {"tokens": (batch, num_draft_tokens), "q": (batch, num_draft_tokens, vocab_size),
-                "never_accept": (batch, num_draft_tokens), "parents": (batch, num_draft_tokens)}
-    meaning = {"tokens": "int [batch, num_draft_tokens]",
-               "q": "float [batch, num_draft_tokens, target vocab_size]: the distribution "
-                    "each draft was drawn from, over the TARGET's vocabulary (give ids the "
-                    "draft lacks probability 0)",
-               "never_accept": "bool [batch, num_draft_tokens]",
-               "parents": "int [batch, num_draft_tokens]: each node's parent, -1 for the "
-                          "root, an earlier node otherwise"}
-    if proposal.q is None and tree is None:
-        raise ValueError(f"{name}.propose returned Proposal.q = None (deterministic drafts), "
-                         "which only a tree step verifies without q; for a chain return the "
-                         "one-hot q of each draft")
-    if proposal.num_real is not None and tree is not None:
-        raise ValueError(f"{name}.propose returned Proposal.num_real for a tree step; only "
-                         "chains fall back to a one-token step (return num_real=None)")
-    if proposal.num_real is not None and tuple(proposal.num_real.shape) != (batch,):
-        raise ValueError(f"{name}.propose returned Proposal.num_real with shape "
-                         f"{tuple(proposal.num_real.shape)}; expected ({batch},) (int: real "
-                         "drafts per row)")
-    if proposal.never_accept is not None and tree is None:
-        raise ValueError(f"{name}.propose marked nodes never_accept, which needs a tree step "
-                         "(SpeculativeConfig(tree=...)); a chain accepts a prefix")
-    dynamic = isinstance(tree, DynamicTree)
-    if dynamic and proposal.parents is None:
-        raise ValueError(f"{name}.propose returned Proposal.parents = None for a DynamicTree "
-                         "step: a dynamic tree differs per row, so the proposal must say each "
-                         "node's parent")
-    if not dynamic and proposal.parents is not None:
-        raise ValueError(f"{name}.propose returned Proposal.parents, but the step's tree is "
-                         f"{'a chain' if tree is None else 'a static TreeShape'}, whose "
-                         "shape the config fixes; return parents only for a DynamicTree")
-    for field, shape in expected.items():
-        value = getattr(proposal, field)
-        if value is not None and tuple(value.shape) != shape:
-            raise ValueError(f"{name}.propose returned Proposal.{field} with shape "
-                             f"{tuple(value.shape)}; expected {shape} ({meaning[field]})")
-    if not jnp.issubdtype(proposal.tokens.dtype, jnp.integer):
-        raise TypeError(f"{name}.propose returned Proposal.tokens of dtype "
-                        f"{proposal.tokens.dtype}; token ids must be integers")
-    if proposal.parents is not None and not jnp.issubdtype(proposal.parents.dtype,
-                                                            jnp.integer):
-        raise TypeError(f"{name}.propose returned Proposal.parents of dtype "
-                        f"{proposal.parents.dtype}; parent indices must be integers")
-    if proposal.q is not None and not jnp.issubdtype(proposal.q.dtype, jnp.floating):
-        raise TypeError(f"{name}.propose returned Proposal.q of dtype {proposal.q.dtype}; "
-                        "q must be floating-point probabilities")
 
 
 @jax.tree_util.register_dataclass
