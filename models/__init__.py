@@ -4,7 +4,8 @@ byte-level tokenizer and the bundled pair."""
 from specjax_models.bundled import DRAFT_CONFIG, TARGET_CONFIG, bundled_prompts, load_bundled
 from specjax_models.checkpoint import load_checkpoint, load_config, save_checkpoint
 from specjax_models.gguf import from_gguf, gguf_config, gguf_tokenizer, smollm2_path
-from specjax_models.hf import from_pretrained, load_tokenizer, save_pretrained
+from specjax_models.hf import from_pretrained, save_pretrained
+from specjax_models.hf_tokenizer import load_tokenizer
 from specjax_models.tokenizer import ByteTokenizer
 from specjax_models.transformer import (
     KVCache,

@@ -30,7 +30,8 @@ import numpy as np
 from flax import nnx
 
 import specjax
-from specjax_models.hf import HFTokenizer, config_from_hf
+from specjax_models.hf import config_from_hf
+from specjax_models.hf_tokenizer import HFTokenizer
 from specjax_models.transformer import ParamFiller, Transformer, TransformerConfig
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
