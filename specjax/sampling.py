@@ -296,7 +296,7 @@ def _bisect_largest(predicate, lo: Array, hi: Array) -> Array:
 def _greedy_rows(params: SamplingParams, logits: Array):
     """The greedy-row mask shaped for `logits`, or None when no row is greedy (known on
     the host)."""
-    greedy_row = _per_row(params.temperature, logits) == 0
+    greedy_row = _per_row(params.row_greedy, logits)
     if _known(greedy_row) and not np.any(greedy_row):
         return None
     return greedy_row
@@ -350,6 +350,20 @@ def sample_from_probs(keys_B: Array, probs_BV: Array) -> Array:
     logp = jnp.where(probs_BV > 0, jnp.log(jnp.maximum(probs_BV, 1e-38)), NEG_INF)
     draw = lambda key, row_logp: jax.random.categorical(key, row_logp)
     return jax.vmap(draw)(keys_B, logp).astype(jnp.int32)
+
+
+def draw_with_q(key: Array, logits_BV: Array, sampling: SamplingConfig | SamplingParams, *,
+                deterministic: bool = False) -> tuple[Array, Array]:
+    """A draft token per row and the distribution q it was drawn from, `(int32 [B],
+    float32 [B, V])`: the argmax and its one-hot when `deterministic` or every row is
+    greedy, else a draw from the warped distribution (one-hot on greedy rows), which is
+    q. Row b draws with `fold_in(key, b)`."""
+    params = _as_params(sampling)
+    if deterministic or params.greedy:
+        token_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+        return token_B, jax.nn.one_hot(token_B, logits_BV.shape[-1], dtype=jnp.float32)
+    q_BV = probabilities(logits_BV, params)
+    return sample_from_probs(row_keys(key, q_BV.shape[0]), q_BV), q_BV
 
 
 def sample_tokens(key: Array, logits_BV: Array,

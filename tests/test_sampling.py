@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specjax import GREEDY, SamplingConfig, probabilities, sample_tokens, warp_logits
-from specjax.sampling import sampling_params, tree_scores
+from specjax.sampling import draw_with_q, sampling_params, tree_scores
 
 
 def reference_warp(logits, temperature, top_k, top_p):
@@ -252,3 +252,15 @@ def test_settings_of_the_wrong_shape_are_refused_by_the_warper():
     params = sampling_params(SamplingConfig(temperature=0.5), 3)
     with pytest.raises(ValueError, match="do not match logits of shape"):
         warp_logits(jnp.zeros((4, 10)), params)
+
+
+def test_draw_with_q_returns_the_distribution_each_token_was_drawn_from():
+    logits = jax.random.normal(jax.random.key(5), (3, 12)) * 2
+    params = sampling_params([GREEDY, SamplingConfig(top_k=3), SamplingConfig(top_p=0.6)], 3)
+    tokens, q = draw_with_q(jax.random.key(6), logits, params)
+    np.testing.assert_array_equal(q, probabilities(logits, params))
+    assert int(tokens[0]) == int(np.argmax(logits[0]))
+    assert np.all(np.asarray(q)[np.arange(3), np.asarray(tokens)] > 0)  # drawn from q
+    tokens, q = draw_with_q(jax.random.key(6), logits, params, deterministic=True)
+    np.testing.assert_array_equal(tokens, np.argmax(np.asarray(logits), -1))
+    np.testing.assert_array_equal(q, np.eye(12)[np.asarray(tokens)])

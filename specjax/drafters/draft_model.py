@@ -34,6 +34,7 @@ from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
 from specjax.sampling import (
     SamplingConfig,
     SamplingParams,
+    draw_with_q,
     probabilities,
     row_keys,
     sample_from_probs,
@@ -222,12 +223,8 @@ class DraftModel:
 
     def _draw(self, key: Array, logits_BV: Array, sampling: SamplingParams,
               vocab_size: int) -> tuple[Array, Array]:
-        logits_BV = self._target_logits(logits_BV, vocab_size)
-        if self.method == "greedy" or sampling.greedy:
-            token_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-            return token_B, jax.nn.one_hot(token_B, vocab_size, dtype=jnp.float32)
-        q_BV = probabilities(logits_BV, sampling)
-        return sample_from_probs(row_keys(key, q_BV.shape[0]), q_BV), q_BV
+        return draw_with_q(key, self._target_logits(logits_BV, vocab_size), sampling,
+                           deterministic=self.method == "greedy")
 
     def propose(self, state: DraftModelState, context: DraftContext, key: Array, *,
                 num_draft_tokens: int, sampling: SamplingParams, vocab_size: int,

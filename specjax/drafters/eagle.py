@@ -56,9 +56,7 @@ from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
 from specjax.sampling import (
     SamplingConfig,
     SamplingParams,
-    probabilities,
-    row_keys,
-    sample_from_probs,
+    draw_with_q,
     tree_scores,
 )
 from specjax.trees import DynamicTree, TreeShape, ancestor_mask
@@ -260,11 +258,7 @@ class Eagle:
         return EagleState(keys, values, new_B.astype(jnp.int32), root_BD)
 
     def _draw(self, key, logits_BV, sampling):
-        if self.method == "greedy" or sampling.greedy:
-            token_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-            return token_B, jax.nn.one_hot(token_B, logits_BV.shape[-1], dtype=jnp.float32)
-        q_BV = probabilities(logits_BV, sampling)
-        return sample_from_probs(row_keys(key, q_BV.shape[0]), q_BV), q_BV
+        return draw_with_q(key, logits_BV, sampling, deterministic=self.method == "greedy")
 
 
     def propose(self, state: EagleState, context: DraftContext, key: Array, *,
