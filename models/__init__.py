@@ -16,6 +16,7 @@ from specjax_models.transformer import (
     first_layers,
     select_layers,
     select_layers_config,
+    with_attention_blocks,
 )
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "select_layers",
     "select_layers_config",
     "smollm2_path",
+    "with_attention_blocks",
 ]

@@ -22,6 +22,8 @@ import numpy as np
 from flax import nnx
 from jax import Array
 
+from specjax import attention
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -73,6 +75,11 @@ class TransformerConfig:
     sliding_window: attend to the last `sliding_window` positions only, in the layers
       listed by sliding_layers ("all", "even": layers 0, 2, 4, ... as Gemma 2, or "none").
     sandwich_norm: Gemma 2's extra norms after attention and around the MLP.
+    attention_block_size / attention_query_block: execution, not architecture: a step
+      reads the KV cache in blocks of this many slots, only as many blocks as the longest
+      row fills (`specjax.attention`), and a long input (a prefill) attends in blocks of
+      this many queries, each reading only the key blocks its causal mask reaches. Any
+      values give the same outputs up to float rounding.
     input_vocab_size: rows of the token embedding when they differ from the LM head's
       `vocab_size` (None: the same). A draft whose head scores a reduced vocabulary (a
       subset of its target's ids, `specjax.DraftModel(..., draft_vocab=ids)`) still reads
@@ -120,10 +127,12 @@ class TransformerConfig:
     sandwich_norm: bool = False
     scan_layers: bool = False
     input_vocab_size: int | None = None
+    attention_block_size: int = attention.DEFAULT_BLOCK_SIZE
+    attention_query_block: int = attention.DEFAULT_QUERY_BLOCK
 
     def __post_init__(self):
         for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads",
-                     "d_ff", "max_seq_len"):
+                     "d_ff", "max_seq_len", "attention_block_size", "attention_query_block"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}")
@@ -401,45 +410,11 @@ def visibility_mask(cache_lengths_B: Array, num_new: int, num_slots: int,
 
     Slots below the row's length hold committed tokens and are always visible; slot
     `length + j` holds new token j and is visible when `new_mask[b, t, j]` (causal by
-    default); everything else is stale and masked.
+    default); everything else is stale and masked. (The dense mask, for tests and for
+    reference: the attention itself builds it one block at a time.)
     """
-    relative_BS = jnp.arange(num_slots)[None, :] - cache_lengths_B[:, None]
-    committed_BS = relative_BS < 0
-    is_new_BS = (relative_BS >= 0) & (relative_BS < num_new)
-    query_T = jnp.arange(num_new)
-    if new_mask_BTT is None:
-        new_visible_BTS = relative_BS[:, None, :] <= query_T[None, :, None]
-    else:
-        index_BTS = jnp.broadcast_to(jnp.clip(relative_BS, 0, num_new - 1)[:, None, :],
-                                     (relative_BS.shape[0], num_new, num_slots))
-        new_visible_BTS = jnp.take_along_axis(new_mask_BTT.astype(bool), index_BTS, axis=2)
-    return committed_BS[:, None, :] | (is_new_BS[:, None, :] & new_visible_BTS)
-
-
-def _attend(q_BKGTH: Array, segments, scale: float, softcap: float | None,
-            compute_dtype) -> Array:
-    """Attention of the queries over key/value segments with one softmax.
-
-    Each segment is `(keys [B,K,H,S], values [B,K,S,H], visible bool [B,T,S])`; the result
-    equals attention over the concatenated segments, merged without concatenating them.
-    """
-    scores = []
-    for keys_BKHS, _, visible_BTS in segments:
-        scores_BKGTS = jnp.einsum("BKGTH,BKHS->BKGTS", q_BKGTH, keys_BKHS.astype(q_BKGTH.dtype),
-                                  preferred_element_type=jnp.float32) * scale
-        scores_BKGTS = _softcap(scores_BKGTS, softcap)
-        scores.append(jnp.where(visible_BTS[:, None, None], scores_BKGTS,
-                                jnp.finfo(jnp.float32).min))
-    max_BKGT1 = functools.reduce(jnp.maximum, [jnp.max(x, axis=-1, keepdims=True)
-                                               for x in scores])
-    exps = [jnp.exp(x - max_BKGT1) for x in scores]
-    total_BKGT1 = functools.reduce(jnp.add, [jnp.sum(e, axis=-1, keepdims=True) for e in exps])
-    out_BKGTH = 0
-    for exp_BKGTS, (_, values_BKSH, _) in zip(exps, segments, strict=True):
-        weights_BKGTS = (exp_BKGTS / total_BKGT1).astype(compute_dtype)
-        out_BKGTH = out_BKGTH + jnp.einsum("BKGTS,BKSH->BKGTH", weights_BKGTS,
-                                           values_BKSH.astype(compute_dtype))
-    return out_BKGTH
+    return attention.written_cache_visibility(cache_lengths_B, jnp.arange(num_new),
+                                              jnp.arange(num_slots), num_new, new_mask_BTT)
 
 
 class Attention(nnx.Module):
@@ -483,33 +458,61 @@ class Attention(nnx.Module):
 
         k_BKHT = k_BTKH.transpose(0, 2, 3, 1)
         v_BKTH = v_BTKH.transpose(0, 2, 1, 3)
+        scale = cfg.query_scale if cfg.query_scale is not None else head_dim ** -0.5
+        q_BKGTH = q_BTNH.reshape(batch, num_new, num_kv, group, head_dim).transpose(0, 2, 3, 1, 4)
+        blocks = dict(block_size=cfg.attention_block_size, scale=scale,
+                      softcap=cfg.attn_logit_softcap, compute_dtype=cfg.compute_dtype)
         read_before_write = cache_kv is not None and num_new <= READ_BEFORE_WRITE_MAX_TOKENS
         if cache_kv is None:
-            segments = [(k_BKHT, v_BKTH,
-                         self._new_token_visibility(positions_BT, new_mask_BTT, window))]
+            state = attention.accumulate(
+                attention.empty_state(q_BKGTH),
+                attention.masked_scores(q_BKGTH, k_BKHT,
+                                        self._new_token_visibility(positions_BT, new_mask_BTT,
+                                                                   window),
+                                        scale, cfg.attn_logit_softcap),
+                v_BKTH, cfg.compute_dtype)
+            out_BKGTH = attention.finish(state, cfg.compute_dtype)
         elif read_before_write:
+            # Decoding and verification: the committed slots as the cache held them before
+            # this call (so the write can happen in place afterwards), then the new tokens.
             keys_LBKHS, values_LBKSH = cache_kv
-            segments = self._read_before_write(keys_LBKHS[layer], values_LBKSH[layer], k_BKHT,
-                                               v_BKTH, positions_BT, cache_lengths_B,
-                                               new_mask_BTT, key_positions_BS, window)
+            read_block = _block_reader(keys_LBKHS, values_LBKSH, layer)
+
+            def committed_block(slots_S):
+                visible_BS = slots_S[None, :] < cache_lengths_B[:, None]
+                visible_BTS = jnp.broadcast_to(visible_BS[:, None, :],
+                                               (batch, num_new, slots_S.shape[0]))
+                return _within_window(visible_BTS, positions_BT, key_positions_BS, slots_S,
+                                      window)
+
+            state = attention.attend_cache(
+                attention.empty_state(q_BKGTH), q_BKGTH, read_block, committed_block,
+                jnp.max(cache_lengths_B), capacity=keys_LBKHS.shape[-1], **blocks)
+            new_scores = attention.masked_scores(
+                q_BKGTH, k_BKHT, self._new_token_visibility(positions_BT, new_mask_BTT, window),
+                scale, cfg.attn_logit_softcap)
+            state = attention.accumulate(state, new_scores, v_BKTH, cfg.compute_dtype)
+            out_BKGTH = attention.finish(state, cfg.compute_dtype)
         else:
-            # Long inputs (a prefill): write first, then attend over the written cache, one
-            # segment; attending to the old cache as a separate segment would add T x S work.
+            # Long inputs (a prefill): write first, then each block of queries reads the
+            # blocks of the written cache its mask reaches (committed slots and the new
+            # tokens up to its last visible one).
             keys_LBKHS, values_LBKSH = cache_kv
             cache_kv = (_write_layer_rows(keys_LBKHS, layer, k_BKHT, cache_lengths_B, 3),
                         _write_layer_rows(values_LBKSH, layer, v_BKTH, cache_lengths_B, 2))
-            keys_BKHS, values_BKSH = cache_kv[0][layer], cache_kv[1][layer]
-            visible_BTS = visibility_mask(cache_lengths_B, num_new, keys_BKHS.shape[3],
-                                          new_mask_BTT)
-            if window is not None:
-                distance_BTS = positions_BT[:, :, None] - key_positions_BS[:, None, :]
-                visible_BTS = visible_BTS & (distance_BTS < window)
-            segments = [(keys_BKHS, values_BKSH, visible_BTS)]
+            reach_BT = cache_lengths_B[:, None] + attention.last_visible_new(
+                new_mask_BTT, batch, num_new) + 1
 
-        scale = cfg.query_scale if cfg.query_scale is not None else head_dim ** -0.5
-        q_BKGTH = q_BTNH.reshape(batch, num_new, num_kv, group, head_dim).transpose(0, 2, 3, 1, 4)
-        out_BKGTH = _attend(q_BKGTH, segments, scale, cfg.attn_logit_softcap,
-                            cfg.compute_dtype)
+            def written_block(query_t, slots_S):
+                visible_BtS = attention.written_cache_visibility(
+                    cache_lengths_B, query_t, slots_S, num_new, new_mask_BTT)
+                rows_Bt = jnp.take(positions_BT, jnp.clip(query_t, 0, num_new - 1), axis=1)
+                return _within_window(visible_BtS, rows_Bt, key_positions_BS, slots_S, window)
+
+            out_BKGTH = attention.attend_written_cache(
+                q_BKGTH, _block_reader(*cache_kv, layer), written_block, reach_BT,
+                capacity=keys_LBKHS.shape[-1], query_block=cfg.attention_query_block, **blocks)
+
         out_BTKGH = out_BKGTH.transpose(0, 3, 1, 2, 4)
         if read_before_write:
             # The write offsets are made to depend on this layer's attention output (the
@@ -539,22 +542,30 @@ class Attention(nnx.Module):
             visible_BTT = visible_BTT & (distance_BTT < window)
         return visible_BTT
 
-    def _read_before_write(self, cached_keys_BKHS, cached_values_BKSH, k_BKHT, v_BKTH,
-                           positions_BT, cache_lengths_B, new_mask_BTT, key_positions_BS,
-                           window):
-        """Segments for short inputs (decoding, verification): the cache as it was before
-        this call (committed slots only) and the T new tokens. Reading the old buffer, not
-        the written one, lets the write happen in place afterwards."""
-        batch, num_new = positions_BT.shape
-        num_slots = cached_keys_BKHS.shape[3]
-        committed_BS = jnp.arange(num_slots)[None, :] < cache_lengths_B[:, None]
-        old_visible_BTS = jnp.broadcast_to(committed_BS[:, None, :], (batch, num_new, num_slots))
-        if window is not None:
-            old_distance_BTS = positions_BT[:, :, None] - key_positions_BS[:, None, :]
-            old_visible_BTS = old_visible_BTS & (old_distance_BTS < window)
-        return [(cached_keys_BKHS, cached_values_BKSH, old_visible_BTS),
-                (k_BKHT, v_BKTH, self._new_token_visibility(positions_BT, new_mask_BTT,
-                                                            window))]
+
+def _block_reader(keys_LBKHS: Array, values_LBKSH: Array, layer):
+    """`read_block` of `specjax.attention` for layer `layer` of an every-layer cache (a
+    one-layer stack for unrolled models): one slice of each array, never the layer."""
+    layer = 0 if keys_LBKHS.shape[0] == 1 else layer
+
+    def read_block(start, size):
+        _, batch, kv, head_dim, _ = keys_LBKHS.shape
+        keys = jax.lax.dynamic_slice(keys_LBKHS, (layer, 0, 0, 0, start),
+                                     (1, batch, kv, head_dim, size))
+        values = jax.lax.dynamic_slice(values_LBKSH, (layer, 0, 0, start, 0),
+                                       (1, batch, kv, size, head_dim))
+        return keys[0], values[0]
+    return read_block
+
+
+def _within_window(visible_BTS: Array, query_positions_BT: Array, key_positions_BS: Array,
+                   slots_S: Array, window: Array | None) -> Array:
+    """Mask keys `window` or more positions behind the query (sliding-window layers)."""
+    if window is None:
+        return visible_BTS
+    key_positions_BS = jnp.take(key_positions_BS, slots_S, axis=1)
+    distance_BTS = query_positions_BT[:, :, None] - key_positions_BS[:, None, :]
+    return visible_BTS & (distance_BTS < window)
 
 
 class MLP(nnx.Module):
@@ -821,6 +832,27 @@ def select_layers(model, layers, draft_vocab=None):
         updated.append((path, leaf))
     nnx.update(shallow, nnx.from_flat_state(updated))
     return shallow
+
+
+def with_attention_blocks(model, block_size: int | None = None, query_block: int | None = None):
+    """`model` (a `Transformer` or a `specjax.CausalLM` made from one) with other attention
+    block sizes (`TransformerConfig.attention_block_size` / `attention_query_block`; None
+    keeps the current one): the same parameters (no copy), other execution."""
+    import specjax
+
+    if isinstance(model, specjax.CausalLM):
+        return specjax.CausalLM.from_nnx(with_attention_blocks(_module_of(model), block_size,
+                                                               query_block))
+    if not isinstance(model, Transformer):
+        raise TypeError(f"with_attention_blocks expects a Transformer or a CausalLM, got "
+                        f"{type(model).__name__}")
+    changes = {name: value for name, value in (("attention_block_size", block_size),
+                                                ("attention_query_block", query_block))
+               if value is not None}
+    config = dataclasses.replace(model.config, **changes)
+    rebuilt = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    nnx.update(rebuilt, nnx.state(model, nnx.Param))
+    return rebuilt
 
 
 def select_layers_config(config: TransformerConfig, layers,

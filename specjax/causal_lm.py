@@ -14,10 +14,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import Array
 
 ApplyFn = Callable[..., tuple[Array, Array, Any]]
+
+# Prompt tokens per prefill forward (`CausalLM.prefill_chunk`), chosen by
+# `benchmarks/long_prompts.py` on CPU (benchmarks/results/long_prompts_cpu.md).
+DEFAULT_PREFILL_CHUNK = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +92,9 @@ class CausalLM:
         slot `sources[b, d]` to slot `start[b] + d` (sources >= destinations): token trees
         need it to move the accepted path into contiguous slots. Only the model knows its
         cache layout; chains never call it.
+      prefill_chunk: prompts wider than this are prefilled in chunks of this many tokens
+        (bounded memory, one compiled forward; see `prefill`); None: one forward. Change
+        it with `lm.with_prefill_chunk(n)`.
 
     The functions are static (jit's cache key): they must be hashable and compare equal
     when they compute the same thing (module-level functions or frozen dataclasses), so
@@ -101,11 +109,17 @@ class CausalLM:
     max_seq_len: int | None = _static(default=None)
     full_forward_fn: Callable | None = _static(default=None)
     compact_fn: Callable | None = _static(default=None)
+    prefill_chunk: int | None = _static(default=DEFAULT_PREFILL_CHUNK)
 
     def __post_init__(self):
         if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) \
                 or self.vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive int, got {self.vocab_size!r}")
+        if self.prefill_chunk is not None and (isinstance(self.prefill_chunk, bool) or not
+                                               isinstance(self.prefill_chunk, int)
+                                               or self.prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk must be a positive int or None (one forward "
+                             f"for the whole prompt), got {self.prefill_chunk!r}")
 
     @classmethod
     def from_nnx(cls, module: nnx.Module) -> CausalLM:
@@ -163,6 +177,10 @@ class CausalLM:
         """No-cache full forward: float32 `[B, T, V]`, `logits[:, t]` predicts token t+1."""
         return _full_logits(self, jnp.asarray(tokens_BT, jnp.int32))
 
+    def with_prefill_chunk(self, chunk: int | None) -> CausalLM:
+        """The same model prefilling prompts in chunks of `chunk` tokens (None: whole)."""
+        return dataclasses.replace(self, prefill_chunk=chunk)
+
     def with_params(self, params) -> CausalLM:
         """The same model with other parameters (e.g. cast to another dtype)."""
         return dataclasses.replace(self, params=params)
@@ -188,19 +206,55 @@ _full_logits = jax.jit(full_logits)
 
 
 def prefill(lm: CausalLM, cache, prompt_tokens_BP: Array, prompt_lengths_B: Array, *,
-            feature_layers: tuple[int, ...] = ()):
-    """Write the padded prompts into `cache` in one forward.
+            feature_layers: tuple[int, ...] = (), keep_hidden: bool = True):
+    """Write the padded prompts into `cache`.
 
     Returns `(cache, cache_lengths, last_token, hidden)` under the decode invariant: the
     cache holds each prompt but its last token, which is returned to be fed next. Pad slots
     past a row's length are written too but stay masked, and are overwritten later.
     `hidden` is the prompts' hidden states (with `feature_layers`, their features; see
-    `CausalLM.apply`), which feature drafters read at their first step.
+    `CausalLM.apply`), which feature drafters read at their first step; None unless
+    `keep_hidden`.
+
+    A prompt wider than `lm.prefill_chunk` is written in chunks of that many tokens, one
+    compiled forward in a `lax.scan`: activations and scores are bounded by the chunk, not
+    the prompt. The last chunk ends at the prompt's end (it may start inside the previous
+    one, whose slots it rewrites with the same tokens), so the cache needs no room past
+    the prompt.
     """
     batch, width = prompt_tokens_BP.shape
-    positions_BP = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-    _, hidden, cache = lm.apply(prompt_tokens_BP, positions_BP, cache,
-                                jnp.zeros((batch,), jnp.int32), feature_layers=feature_layers)
     last_token_B = jnp.take_along_axis(prompt_tokens_BP, prompt_lengths_B[:, None] - 1,
                                        axis=1)[:, 0]
+    chunk = lm.prefill_chunk
+    if chunk is None or width <= chunk:
+        positions_BP = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+        _, hidden, cache = lm.apply(prompt_tokens_BP, positions_BP, cache,
+                                    jnp.zeros((batch,), jnp.int32),
+                                    feature_layers=feature_layers)
+        return cache, prompt_lengths_B - 1, last_token_B, hidden if keep_hidden else None
+
+    def forward(cache, start):
+        tokens_BC = jax.lax.dynamic_slice_in_dim(prompt_tokens_BP, start, chunk, axis=1)
+        positions_BC = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32),
+                                        (batch, chunk))
+        _, hidden, cache = lm.apply(tokens_BC, positions_BC, cache,
+                                    jnp.full((batch,), start, jnp.int32),
+                                    feature_layers=feature_layers)
+        return cache, hidden
+
+    starts = np.minimum(np.arange(-(-width // chunk)) * chunk, width - chunk).astype(np.int32)
+    if not keep_hidden:
+        cache, _ = jax.lax.scan(lambda cache, start: (forward(cache, start)[0], None), cache,
+                                starts)
+        return cache, prompt_lengths_B - 1, last_token_B, None
+    chunk_hidden = jax.eval_shape(forward, cache, jnp.int32(0))[1]
+    hidden = jnp.zeros((batch, width) + chunk_hidden.shape[2:], chunk_hidden.dtype)
+
+    def forward_keeping_hidden(carry, start):
+        cache, hidden = carry
+        cache, chunk_hidden = forward(cache, start)
+        return (cache, jax.lax.dynamic_update_slice_in_dim(hidden, chunk_hidden, start,
+                                                           axis=1)), None
+
+    (cache, hidden), _ = jax.lax.scan(forward_keeping_hidden, (cache, hidden), starts)
     return cache, prompt_lengths_B - 1, last_token_B, hidden

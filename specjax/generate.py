@@ -61,7 +61,7 @@ def _init_state(lm: CausalLM, prompt_tokens_BP: Array, prompt_lengths_B: Array, 
     batch = prompt_tokens_BP.shape[0]
     cache = lm.init_cache(batch, capacity)
     cache, cache_lengths_B, last_token_B, _ = prefill(lm, cache, prompt_tokens_BP,
-                                                      prompt_lengths_B)
+                                                      prompt_lengths_B, keep_hidden=False)
     return DecodeState(
         output=jnp.full((batch, capacity), pad_id, jnp.int32),
         num_generated=jnp.zeros((batch,), jnp.int32),

@@ -58,7 +58,8 @@ def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengt
     cache = target.init_cache(batch, capacity)
     layers = feature_layers_of(drafter)
     cache, _, _, features = prefill(target, cache, prompt_tokens_BP, prompt_lengths_B,
-                                    feature_layers=layers or ())
+                                    feature_layers=layers or (),
+                                    keep_hidden=layers is not None)
     sequence = jnp.zeros((batch, capacity), jnp.int32).at[:, :width].set(prompt_tokens_BP)
     zeros = jnp.zeros((batch,), jnp.int32)
     return SpeculativeState(

@@ -14,6 +14,7 @@ import pytest
 from conftest import build_lm
 
 import specjax
+import specjax_models
 from specjax import GREEDY, DraftModel, SamplingConfig, generate, speculative_generate
 from specjax.sampling import sampling_params
 from specjax.speculative import compile_key
@@ -662,3 +663,7 @@ def test_choosing_a_verify_width_copies_no_kv_cache(tiny_lm, close_draft, drafte
     assert _cache_copies(tiny_lm, drafter, 4) == []
     sampled = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
     assert _cache_copies(tiny_lm, drafter, 4, sampled) == []
+    # The cache read in blocks of 16 slots (a loop over the blocks that hold tokens): the
+    # loop reads slices of the cache and the write stays in place.
+    blocked = specjax_models.with_attention_blocks(tiny_lm, 16)
+    assert _cache_copies(blocked, drafter, 4) == []

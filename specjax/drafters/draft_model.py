@@ -207,7 +207,7 @@ class DraftModel:
         batch = prompt_tokens_BP.shape[0]
         cache = self.lm.init_cache(batch, capacity)
         cache, cache_lengths, _, _ = prefill(self.lm, cache, self._clip(prompt_tokens_BP),
-                                          prompt_lengths_B)
+                                          prompt_lengths_B, keep_hidden=False)
         return DraftModelState(cache, cache_lengths.astype(jnp.int32))
 
     def _clip(self, tokens: Array) -> Array:

@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import Float, Int
 
+from specjax import attention
+
 HEAD_KINDS = ("eagle1", "eagle3", "mtp")
 
 
@@ -229,25 +231,47 @@ def head_block(params: dict, config: FeatureHeadConfig, x_BTD: Array, positions_
     `cache=None` it is a causal forward over the T positions alone."""
     q, k, v = project_qkv(params, config, x_BTD, positions_BT)
     batch, length = x_BTD.shape[:2]
-    causal_TT = jnp.tril(jnp.ones((length, length), bool))
-    new_mask_BTT = (jnp.broadcast_to(causal_TT, (batch, length, length))
-                    if new_mask_BTT is None else new_mask_BTT)
     if cache is None:
-        keys, values, visible_BTS = k, v, new_mask_BTT
-    else:
-        keys = _write_rows(cache[0], k, cache_lengths_B)
-        values = _write_rows(cache[1], v, cache_lengths_B)
-        slots = keys.shape[1]
-        relative_BS = jnp.arange(slots, dtype=jnp.int32)[None] - cache_lengths_B[:, None]
-        in_new_BS = (relative_BS >= 0) & (relative_BS < length)
-        new_visible_BTS = jnp.take_along_axis(
-            new_mask_BTT, jnp.broadcast_to(jnp.clip(relative_BS, 0, length - 1)[:, None],
-                                           (batch, length, slots)), axis=2)
-        visible_BTS = (relative_BS < 0)[:, None] | (in_new_BS[:, None] & new_visible_BTS)
-    weights, _ = attention_weights(config, q, keys.astype(jnp.float32), visible_BTS)
-    attended_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", weights, values.astype(jnp.float32))
-    out = finish_block(params, config, x_BTD, attended_BTKGH)
-    return out, (None if cache is None else (keys, values))
+        causal_TT = jnp.tril(jnp.ones((length, length), bool))
+        visible_BTT = (jnp.broadcast_to(causal_TT, (batch, length, length))
+                       if new_mask_BTT is None else new_mask_BTT)
+        weights, _ = attention_weights(config, q, k.astype(jnp.float32), visible_BTT)
+        attended_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", weights, v.astype(jnp.float32))
+        return finish_block(params, config, x_BTD, attended_BTKGH), None
+    keys = _write_rows(cache[0], k, cache_lengths_B)
+    values = _write_rows(cache[1], v, cache_lengths_B)
+    attended_BKGTH = _attend_cache(config, q, keys, values, cache_lengths_B, new_mask_BTT)
+    out = finish_block(params, config, x_BTD, attended_BKGTH.transpose(0, 3, 1, 2, 4))
+    return out, (keys, values)
+
+
+def _attend_cache(config: FeatureHeadConfig, q_BTNH: Array, keys_BSKH: Array,
+                  values_BSKH: Array, cache_lengths_B: Array,
+                  new_mask_BTT: Array | None) -> Array:
+    """Attention `[B, K, G, T, H]` of the new positions over the written cache: committed
+    slots and the new positions `new_mask` allows, read in blocks only as far as the
+    furthest visible slot (`specjax.attention`: cost follows the tokens, not the
+    capacity)."""
+    batch, length, heads, hd = q_BTNH.shape
+    q_BKGTH = q_BTNH.reshape(batch, length, config.num_kv_heads, heads // config.num_kv_heads,
+                             hd).transpose(0, 2, 3, 1, 4).astype(jnp.float32)
+
+    def read_block(start, size):
+        shape = (batch, size, config.num_kv_heads, hd)
+        keys = jax.lax.dynamic_slice(keys_BSKH, (0, start, 0, 0), shape)
+        values = jax.lax.dynamic_slice(values_BSKH, (0, start, 0, 0), shape)
+        return keys.transpose(0, 2, 3, 1), values.transpose(0, 2, 1, 3)
+
+    def visible_block(query_t, slots_S):
+        return attention.written_cache_visibility(cache_lengths_B, query_t, slots_S, length,
+                                                  new_mask_BTT)
+
+    reach_BT = cache_lengths_B[:, None] + attention.last_visible_new(new_mask_BTT, batch,
+                                                                     length) + 1
+    return attention.attend_written_cache(
+        q_BKGTH, read_block, visible_block, reach_BT, capacity=keys_BSKH.shape[1],
+        block_size=attention.DEFAULT_BLOCK_SIZE, query_block=attention.DEFAULT_QUERY_BLOCK,
+        scale=1.0 / math.sqrt(hd), softcap=None, compute_dtype=jnp.float32)
 
 
 def head_logits(params: dict, config: FeatureHeadConfig, lm_head_VD: Array,
