@@ -74,7 +74,8 @@ chunk = None if sys.argv[2] == "none" else int(sys.argv[2])
 target = specjax_models.from_gguf(specjax_models.smollm2_path()).with_prefill_chunk(chunk)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 prompt = np.random.default_rng(0).integers(100, 30_000, int(sys.argv[1])).astype(np.int32)
-specjax.generate(target, [prompt], max_new_tokens=1, sampling=specjax.GREEDY).tokens.block_until_ready()
+out = specjax.generate(target, [prompt], max_new_tokens=1, sampling=specjax.GREEDY)
+out.tokens.block_until_ready()
 print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 

@@ -16,10 +16,10 @@ from specjax import attention
 B, K, G, H, S = 3, 2, 2, 8, 40
 
 
-def _dense(q_BKGTH, keys_BKHS, values_BKSH, visible_BTS, softcap=None):
+def _dense(q_BKGTH, keys_BKSH, values_BKSH, visible_BTS, softcap=None):
     """Reference: one softmax over every slot (float64 on the host)."""
-    q, keys, values = (np.asarray(x, np.float64) for x in (q_BKGTH, keys_BKHS, values_BKSH))
-    scores = np.einsum("bkgth,bkhs->bkgts", q, keys) / np.sqrt(H)
+    q, keys, values = (np.asarray(x, np.float64) for x in (q_BKGTH, keys_BKSH, values_BKSH))
+    scores = np.einsum("bkgth,bksh->bkgts", q, keys) / np.sqrt(H)
     if softcap is not None:
         scores = softcap * np.tanh(scores / softcap)
     scores = np.where(np.asarray(visible_BTS)[:, None, None], scores, -np.inf)
@@ -31,12 +31,12 @@ def _dense(q_BKGTH, keys_BKHS, values_BKSH, visible_BTS, softcap=None):
 def _inputs(seed, num_queries):
     rng = np.random.default_rng(seed)
     normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)
-    return (normal(B, K, G, num_queries, H), normal(B, K, H, S), normal(B, K, S, H))
+    return (normal(B, K, G, num_queries, H), normal(B, K, S, H), normal(B, K, S, H))
 
 
-def _reader(keys_BKHS, values_BKSH):
+def _reader(keys_BKSH, values_BKSH):
     def read_block(start, size):
-        return (jax.lax.dynamic_slice_in_dim(keys_BKHS, start, size, axis=3),
+        return (jax.lax.dynamic_slice_in_dim(keys_BKSH, start, size, axis=2),
                 jax.lax.dynamic_slice_in_dim(values_BKSH, start, size, axis=2))
     return read_block
 
@@ -79,7 +79,7 @@ def test_blocks_past_the_longest_row_are_never_read(block):
     lengths_B = np.array([3, 9, 6], np.int32)
     first_unread = -(-int(lengths_B.max()) // block) * block
     poisoned_keys, poisoned_values = keys.copy(), values.copy()
-    poisoned_keys[..., first_unread:] = np.nan
+    poisoned_keys[..., first_unread:, :] = np.nan
     poisoned_values[..., first_unread:, :] = np.nan
     out = np.asarray(_cached(q, poisoned_keys, poisoned_values, lengths_B, block))
     assert np.isfinite(out).all()

@@ -159,10 +159,10 @@ def test_llama3_8b_config_builds_abstractly_without_memory():
     assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(state))
     assert specjax_models.count_params(state) == 8_030_261_248  # the published Llama-3-8B count
     cache = jax.eval_shape(lambda: specjax_models.KVCache.create(config, 4, 8192))
-    assert cache.keys[0].shape == (4, 8, 128, 8192) and len(cache.keys) == 32
+    assert cache.keys[0].shape == (4, 8, 8192, 128) and len(cache.keys) == 32
     scanned = dataclasses.replace(config, scan_layers=True)
     cache = jax.eval_shape(lambda: specjax_models.KVCache.create(scanned, 4, 8192))
-    assert cache.keys.shape == (32, 4, 8, 128, 8192)  # every layer in one array
+    assert cache.keys.shape == (32, 4, 8, 8192, 128)  # every layer in one array
     assert cache.values.shape == (32, 4, 8, 8192, 128)
     abstract = nnx.eval_shape(lambda: specjax_models.Transformer(scanned, rngs=nnx.Rngs(0)))
     assert specjax_models.count_params(nnx.state(abstract, nnx.Param)) == 8_030_261_248

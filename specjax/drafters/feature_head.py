@@ -260,7 +260,7 @@ def _attend_cache(config: FeatureHeadConfig, q_BTNH: Array, keys_BSKH: Array,
         shape = (batch, size, config.num_kv_heads, hd)
         keys = jax.lax.dynamic_slice(keys_BSKH, (0, start, 0, 0), shape)
         values = jax.lax.dynamic_slice(values_BSKH, (0, start, 0, 0), shape)
-        return keys.transpose(0, 2, 3, 1), values.transpose(0, 2, 1, 3)
+        return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
 
     def visible_block(query_t, slots_S):
         return attention.written_cache_visibility(cache_lengths_B, query_t, slots_S, length,
