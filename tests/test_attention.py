@@ -76,7 +76,7 @@ def test_blocks_past_the_longest_row_are_never_read(block):
     value in a masked slot still poisons a dense softmax: 0 * NaN): block-wise attention
     never reads them, so the output is the clean one."""
     q, keys, values = _inputs(1, 1)
-    lengths_B = np.array([3, 9, 6], np.int32)
+    lengths_B = np.array([3, 21, 6], np.int32)
     first_unread = -(-int(lengths_B.max()) // block) * block
     poisoned_keys, poisoned_values = keys.copy(), values.copy()
     poisoned_keys[..., first_unread:, :] = np.nan

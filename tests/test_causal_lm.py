@@ -8,7 +8,8 @@ from conftest import build_lm
 import specjax
 from specjax.causal_lm import prefill
 
-PROMPT_LENGTHS = np.array([13, 7, 1], np.int32)  # a full row, a ragged one, one token
+# A full row, one ending on a block edge (blocks of 4), one token.
+PROMPT_LENGTHS = np.array([13, 8, 1], np.int32)
 
 
 def _prompts(vocab, width=13):
@@ -28,12 +29,15 @@ def _prefill_and_step(lm, tokens, lengths):
     return logits[:, 0], hidden, cache_lengths, last
 
 
+@pytest.mark.parametrize("overrides", [{}, {"sliding_window": 5, "sliding_layers": "even"}],
+                         ids=["full", "sliding-window"])
 @pytest.mark.parametrize("chunk", [1, 4, 5, 12])
-def test_a_chunked_prefill_equals_one_forward(chunk):
+def test_a_chunked_prefill_equals_one_forward(chunk, overrides):
     """Chunks that divide the prompt width, that do not (the last chunk starts inside the
-    previous one) and of one token: the next step's logits, the prompt's features and the
-    decode invariant equal the one-forward prefill's, for ragged rows and a 1-token row."""
-    lm = build_lm(0, attention_block_size=4, attention_query_block=4)
+    previous one) and of one token, in attention blocks of 4: the next step's logits, the
+    prompt's features and the decode invariant equal the one-forward prefill's, for
+    ragged rows and a 1-token row, with full and sliding-window attention."""
+    lm = build_lm(0, attention_block_size=4, attention_query_block=4, **overrides)
     tokens = _prompts(lm.vocab_size)
     whole = _prefill_and_step(lm.with_prefill_chunk(None), tokens, PROMPT_LENGTHS)
     chunked = _prefill_and_step(lm.with_prefill_chunk(chunk), tokens, PROMPT_LENGTHS)
