@@ -24,8 +24,10 @@ import numpy as np
 import specjax
 import specjax_models
 from benchmarks.common import (
+    alternating_times,
     machine_record,
     median,
+    timed_call,
     transformers_greedy,
     write_results,
 )
@@ -73,12 +75,6 @@ def _prepare(decoder: str, lm, prompts, cache: int):
     return prepare
 
 
-def _seconds(fn):
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    return out, time.perf_counter() - start
-
-
 def capacity_rows(models: dict, reps: int) -> list[dict]:
     rows = []
     for model_name, lm in models.items():
@@ -93,12 +89,12 @@ def capacity_rows(models: dict, reps: int) -> list[dict]:
                 for cache, prepare in prepares.items():  # compile
                     start = time.perf_counter()
                     _, run = jax.block_until_ready(prepare())
-                    _seconds(run)
+                    timed_call(run)
                     first[cache] = time.perf_counter() - start
                 for _ in range(reps):  # alternate the sizes
                     for cache, prepare in prepares.items():
-                        (_, run), setup_s = _seconds(prepare)
-                        _, loop_s = _seconds(run)
+                        (_, run), setup_s = timed_call(prepare)
+                        _, loop_s = timed_call(run)
                         setup[cache].append(setup_s)
                         loop[cache].append(loop_s)
                 tokens = batch * NEW_TOKENS
@@ -136,16 +132,12 @@ def long_rows(target, reps: int) -> list[dict]:
         ours = lambda n=new_tokens: specjax.generate(target, [prompt], max_new_tokens=n,
                                                      sampling=specjax.GREEDY).tokens
         theirs = lambda n=new_tokens: transformers_greedy(hf, input_ids, n, pad_id=0)
-        our_tokens, first_s = _seconds(ours)
+        our_tokens, first_s = timed_call(ours)
         their_tokens = theirs().numpy()
         agree = int(np.argmax(np.concatenate([np.asarray(our_tokens)[0] != their_tokens[0],
                                               [True]])))
-        our_t, their_t = [], []
-        for _ in range(reps):
-            our_t.append(_seconds(ours)[1])
-            start = time.perf_counter()
-            theirs()
-            their_t.append(time.perf_counter() - start)
+        times = alternating_times({"ours": ours, "theirs": theirs}, reps)
+        our_t, their_t = times["ours"], times["theirs"]
         row = {"new_tokens": new_tokens, "specjax_tokens_per_s": new_tokens / median(our_t),
                "transformers_tokens_per_s": new_tokens / median(their_t),
                "specjax_times_s": our_t, "transformers_times_s": their_t,

@@ -48,6 +48,23 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def timed_call(fn):
+    """`(output, seconds)` of `fn()`, waiting for every JAX array in the output."""
+    start = time.perf_counter()
+    out = block(fn())
+    return out, time.perf_counter() - start
+
+
+def alternating_times(calls: dict, reps: int) -> dict:
+    """Seconds of `reps` runs of each call, alternating between them (a slow spell of a
+    noisy machine then hits every call alike): `{name: [seconds, ...]}`."""
+    times = {name: [] for name in calls}
+    for _ in range(reps):
+        for name, call in calls.items():
+            times[name].append(timed_call(call)[1])
+    return times
+
+
 def median(values) -> float:
     return float(statistics.median(values))
 

@@ -18,16 +18,17 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import time
 
 import numpy as np
 
 import specjax
 import specjax_models
 from benchmarks.common import (
+    alternating_times,
     command_line,
     machine_record,
     median,
+    timed_call,
     transformers_greedy,
     write_results,
 )
@@ -36,12 +37,6 @@ from specjax.causal_lm import DEFAULT_PREFILL_CHUNK
 NUM_DRAFT = 4
 REWRITE_NEW_TOKENS = 256
 DOCUMENT_TOKENS = 2000
-
-
-def _seconds(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
 
 
 def prefill_rows(target, hf, lengths, reps) -> list[dict]:
@@ -55,12 +50,10 @@ def prefill_rows(target, hf, lengths, reps) -> list[dict]:
         ours = lambda prompt=prompt: np.asarray(specjax.generate(
             target, [prompt], max_new_tokens=1, sampling=specjax.GREEDY).tokens)
         theirs = lambda input_ids=input_ids: transformers_greedy(hf, input_ids, 1, 0).numpy()
-        our_token, first_s = _seconds(ours)
+        our_token, first_s = timed_call(ours)
         same = bool(np.array_equal(our_token, theirs()))
-        our_t, their_t = [], []
-        for _ in range(reps):
-            our_t.append(_seconds(ours)[1])
-            their_t.append(_seconds(theirs)[1])
+        times = alternating_times({"ours": ours, "theirs": theirs}, reps)
+        our_t, their_t = times["ours"], times["theirs"]
         row = {"prompt_tokens": length, "specjax_s": median(our_t),
                "transformers_s": median(their_t), "specjax_times_s": our_t,
                "transformers_times_s": their_t, "specjax_first_call_s_incl_compile": first_s,
@@ -135,12 +128,10 @@ def rewrite_rows(target, hf, tokenizer, reps) -> dict:
         f"transformers prompt lookup K={NUM_DRAFT}": lambda: transformers_greedy(
             hf, input_ids, n, 0, prompt_lookup_num_tokens=NUM_DRAFT).numpy(),
     }
-    tokens, first, times = {}, {}, {name: [] for name in calls}
+    tokens, first = {}, {}
     for name, call in calls.items():
-        tokens[name], first[name] = _seconds(call)
-    for _ in range(reps):
-        for name, call in calls.items():
-            times[name].append(_seconds(call)[1])
+        tokens[name], first[name] = timed_call(call)
+    times = alternating_times(calls, reps)
     reference = tokens["specjax plain"]
     rows = []
     for name in calls:

@@ -21,8 +21,13 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 def tiny_config(**overrides) -> specjax_models.TransformerConfig:
+    # Blocks of 256 slots: the tests' caches (256 slots and fewer) are read as one block,
+    # with no loop to compile in every decoder of the suite (that loop added a third to
+    # the suite's time). The loop over blocks is tested on its own, against dense
+    # attention, in tests/test_attention.py, tests/test_causal_lm.py and the KV-copy
+    # test of tests/test_speculative.py, which set small blocks explicitly.
     fields = dict(vocab_size=32, num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
-                  d_ff=128, max_seq_len=128)
+                  d_ff=128, max_seq_len=128, attention_block_size=256)
     fields.update(overrides)
     return specjax_models.TransformerConfig(**fields)
 

@@ -632,6 +632,14 @@ def test_a_confidence_threshold_with_a_tree_is_refused(tiny_lm, close_draft):
                                                                 top_k=2))
 
 
+def test_a_cache_read_in_blocks_is_not_copied(tiny_lm, close_draft):
+    """The cache read in blocks of 16 slots of a 256-slot cache (a loop over the blocks
+    that hold tokens, the default on real models): the loop reads slices of the cache and
+    the write after it stays in place."""
+    blocked = specjax_models.with_attention_blocks(tiny_lm, 16)
+    assert _cache_copies(blocked, specjax.PromptLookup(), 4) == []
+
+
 def _cache_copies(target, drafter, num_draft_tokens: int, sampling=GREEDY) -> list[str]:
     """The `copy` instructions of the compiled decode loop whose result has the shape of
     one of the target's KV-cache arrays."""
@@ -663,7 +671,3 @@ def test_choosing_a_verify_width_copies_no_kv_cache(tiny_lm, close_draft, drafte
     assert _cache_copies(tiny_lm, drafter, 4) == []
     sampled = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
     assert _cache_copies(tiny_lm, drafter, 4, sampled) == []
-    # The cache read in blocks of 16 slots (a loop over the blocks that hold tokens): the
-    # loop reads slices of the cache and the write stays in place.
-    blocked = specjax_models.with_attention_blocks(tiny_lm, 16)
-    assert _cache_copies(blocked, drafter, 4) == []
