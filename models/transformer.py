@@ -408,19 +408,6 @@ def _write_layer_rows(cache_LB, layer: Array, new_B, starts_B: Array, slot_axis:
     return jax.vmap(write_one, in_axes=(1, 0, 0), out_axes=1)(cache_LB, new_B, starts_B)
 
 
-def visibility_mask(cache_lengths_B: Array, num_new: int, num_slots: int,
-                    new_mask_BTT: Array | None) -> Array:
-    """`[B, T, S]` bool: may query t of row b read cache slot s (after the write)?
-
-    Slots below the row's length hold committed tokens and are always visible; slot
-    `length + j` holds new token j and is visible when `new_mask[b, t, j]` (causal by
-    default); everything else is stale and masked. (The dense mask, for tests and for
-    reference: the attention itself builds it one block at a time.)
-    """
-    return attention.written_cache_visibility(cache_lengths_B, jnp.arange(num_new),
-                                              jnp.arange(num_slots), num_new, new_mask_BTT)
-
-
 class Attention(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config

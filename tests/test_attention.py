@@ -105,8 +105,15 @@ def test_written_cache_in_query_blocks_equals_dense(query_block, tree):
     new_mask = None
     if tree:  # every node sees itself and a random subset of the earlier nodes
         new_mask = np.tril(rng.random((B, num_new, num_new)) < 0.5) | np.eye(num_new, dtype=bool)
-    visible = np.asarray(specjax_models.transformer.visibility_mask(
-        jnp.asarray(lengths_B), num_new, S, None if new_mask is None else jnp.asarray(new_mask)))
+    # The contract's mask, written out slot by slot: committed slots, then new token j at
+    # slot length + j when the query may see it.
+    visible = np.zeros((B, num_new, S), bool)
+    for b in range(B):
+        for t in range(num_new):
+            visible[b, t, :lengths_B[b]] = True
+            for j in range(num_new):
+                if (j <= t) if new_mask is None else new_mask[b, t, j]:
+                    visible[b, t, lengths_B[b] + j] = True
     reach = lengths_B[:, None] + np.asarray(attention.last_visible_new(
         None if new_mask is None else jnp.asarray(new_mask), B, num_new)) + 1
 
