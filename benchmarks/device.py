@@ -71,12 +71,12 @@ def load_models(dry_run: bool, dtype=None, scan_layers: bool = False) -> dict:
                                      "chased the mouse across the garden."}])
 
     def draft():
-        from specjax_models.chat_draft import SMOLLM2_DRAFT, load_layer_draft
+        from specjax_models import SMOLLM2_DRAFT, load_layer_draft
 
         return load_layer_draft(SMOLLM2_DRAFT, target, "greedy")
 
     def head():
-        from specjax_models.chat_head import SMOLLM2_HEAD
+        from specjax_models import SMOLLM2_HEAD
         from specjax_models.heads import load_head_for
 
         return load_head_for(SMOLLM2_HEAD, target)

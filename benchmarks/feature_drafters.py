@@ -127,7 +127,7 @@ def write_report(args, rows: list[dict], costs: dict, tau_only: dict | None = No
                   "longer chains and 64-node trees:", "", "| drafter | tau, all |",
                   "|---|---|"]
         lines += [f"| {label} | {tau:.2f} |" for label, tau in tau_only.items()]
-    lines += ["", "Training cost of the shipped heads (`models/train_heads.sh`): "
+    lines += ["", "Training cost of the shipped heads (`models/recipes/train_heads.sh`): "
               + "; ".join(f"{LABELS[n]}: {training_cost(n)}" for n in HEADS) + "."]
     greedy = [r for r in rows if r["mode"] == "greedy" and r["batch"] == 1]
     if greedy and tau_only:

@@ -12,7 +12,7 @@ start=$(date +%s)
 work="${WORK:-/tmp/bundled_work_$start}"  # fresh unless WORK names one to resume
 CORPUS=data/corpus MAX_SECONDS_TARGET=${MAX_SECONDS_TARGET:-150} MAX_SECONDS_DRAFT=${MAX_SECONDS_DRAFT:-50} \
   MAX_SECONDS_DISTILL=${MAX_SECONDS_DISTILL:-60} RESULTS_NAME=bundled_pair_acceptance_gpu \
-  INSTALL_TO="$out/checkpoints" bash models/train_bundled.sh "$work" 2>&1 \
+  INSTALL_TO="$out/checkpoints" bash models/recipes/train_bundled.sh "$work" 2>&1 \
   | tr '\r' '\n' | grep -v '^train \[\|^distill \[' > "$out/train.log"
 echo "training+acceptance took $(( $(date +%s) - start ))s" | tee -a "$out/train.log"
 tail -20 "$out/train.log"

@@ -74,7 +74,7 @@ def prefill_memory(target, length: int) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from specjax.generate import _init_state
+    from specjax.autoregressive import _init_state
     from specjax.inputs import prepare_batch
 
     prompt = np.random.default_rng(0).integers(100, 30_000, length).astype(np.int32)

@@ -131,7 +131,7 @@ def main() -> None:
     draft = specjax_models.first_layers(target, DRAFT_LAYERS)
     drafters = {"prompt lookup": (specjax.PromptLookup(), K),
                 "4-layer self-draft": (draft, K)}
-    from specjax_models.chat_head import SMOLLM2_HEAD
+    from specjax_models import SMOLLM2_HEAD
     from specjax_models.heads import load_head_for
 
     head_dir = args.head or (SMOLLM2_HEAD if (SMOLLM2_HEAD / "head.json").exists() else None)
@@ -142,7 +142,7 @@ def main() -> None:
             for c in args.confidences:
                 drafters[f"EAGLE-3 head (K={k}, confidence {c})"] = (
                     dataclasses.replace(head, min_confidence=c), k)
-    from specjax_models.chat_draft import SMOLLM2_DRAFT, load_layer_draft
+    from specjax_models import SMOLLM2_DRAFT, load_layer_draft
 
     draft_dir = args.draft or (SMOLLM2_DRAFT if (SMOLLM2_DRAFT / "draft.json").exists()
                                else None)

@@ -23,7 +23,7 @@ import numpy as np
 import specjax_models
 from benchmarks.common import machine_record, write_results
 from specjax.timing import wall_seconds
-from specjax_models.chat_head import SMOLLM2_HEAD
+from specjax_models import SMOLLM2_HEAD
 from specjax_models.heads import load_head_for
 
 CONTEXT = 320
@@ -73,7 +73,7 @@ def main() -> None:
                                   jnp.ones((1, 1, head.config.d_model)), keys, keys), args.reps)
     rows.append({"what": "EAGLE-3 head forward + logits (draft vocabulary "
                          f"{head.lm_head.shape[0]})", "ms": ms, "steps": ms / one})
-    from specjax_models.chat_draft import SMOLLM2_DRAFT, load_layer_draft
+    from specjax_models import SMOLLM2_DRAFT, load_layer_draft
 
     draft = load_layer_draft(SMOLLM2_DRAFT, target).lm
     draft_cache = draft.init_cache(1, CONTEXT + 64)

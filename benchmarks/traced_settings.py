@@ -32,10 +32,10 @@ import numpy as np
 import specjax
 import specjax_models
 from benchmarks.common import machine_record, median, write_results
-from specjax.generate import _decode_loop, _init_state, decode_step
+from specjax.autoregressive import _decode_loop, _init_state, decode_step
 from specjax.sampling import sampling_params
-from specjax.speculative import compile_key, speculative_step
-from specjax.speculative_decoding import _speculative_loop, init_speculative_state
+from specjax.speculative_loop import _speculative_loop, init_speculative_state
+from specjax.step import compile_key, speculative_step
 from specjax.timing import wall_seconds
 
 NAME = "traced_settings_cpu"

@@ -362,7 +362,7 @@ def train_a_draft():
             "small mode, longer at full size (more steps; a GPU/TPU makes it quick)."),
         new_code_cell(INSTALL),
         new_code_cell(SETUP + PLOTS + "from flax import nnx\n"
-                      "from specjax_models import corpus as corpus_lib\n"
+                      "from specjax_models.recipes import stdlib_corpus as corpus_lib\n"
                       "from specjax.training import DistillConfig, TrainConfig, distill, train\n"),
         new_code_cell(
             "target = specjax_models.load_bundled('target')\n"

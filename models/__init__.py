@@ -1,11 +1,24 @@
-"""Flax NNX model definitions for specjax: Llama-family decoders, checkpoints, the
-byte-level tokenizer and the bundled pair."""
+"""Flax NNX model definitions for specjax: Llama-family decoders, checkpoints (orbax,
+Hugging Face safetensors, GGUF), tokenizers, the bundled pair and the shipped drafters.
 
-from specjax_models.bundled import DRAFT_CONFIG, TARGET_CONFIG, bundled_prompts, load_bundled
+What trains the shipped models (the standard-library corpus, SmolLM2's chat data, head
+and draft training, model cards) is in `specjax_models.recipes`; nothing here imports it.
+"""
+
+from specjax_models.bundled import (
+    DRAFT_CONFIG,
+    SMOLLM2_DRAFT,
+    SMOLLM2_HEAD,
+    TARGET_CONFIG,
+    bundled_prompts,
+    load_bundled,
+)
 from specjax_models.checkpoint import load_checkpoint, load_config, save_checkpoint
 from specjax_models.gguf import from_gguf, gguf_config, gguf_tokenizer, smollm2_path
+from specjax_models.heads import create_head, load_head_for
 from specjax_models.hf import from_pretrained, save_pretrained
 from specjax_models.hf_tokenizer import load_tokenizer
+from specjax_models.layer_draft import load_layer_draft, save_layer_draft
 from specjax_models.tokenizer import ByteTokenizer
 from specjax_models.transformer import (
     KVCache,
@@ -21,6 +34,8 @@ from specjax_models.transformer import (
 
 __all__ = [
     "DRAFT_CONFIG",
+    "SMOLLM2_DRAFT",
+    "SMOLLM2_HEAD",
     "TARGET_CONFIG",
     "ByteTokenizer",
     "KVCache",
@@ -28,6 +43,7 @@ __all__ = [
     "TransformerConfig",
     "bundled_prompts",
     "count_params",
+    "create_head",
     "embedding_and_head",
     "first_layers",
     "from_gguf",
@@ -37,8 +53,11 @@ __all__ = [
     "load_bundled",
     "load_checkpoint",
     "load_config",
+    "load_head_for",
+    "load_layer_draft",
     "load_tokenizer",
     "save_checkpoint",
+    "save_layer_draft",
     "save_pretrained",
     "select_layers",
     "select_layers_config",

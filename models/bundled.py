@@ -17,6 +17,10 @@ from specjax_models.transformer import TransformerConfig
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
 MODEL_NAMES = ("target", "draft")
 HEAD_NAMES = ("medusa", "eagle", "eagle3", "mtp")  # feature drafters of the target
+# Drafters for SmolLM2-135M-Instruct shipped with the package (see their MODEL_CARDs): an
+# EAGLE-3 head and a distilled layer draft (specjax_models.recipes trains them).
+SMOLLM2_HEAD = CHECKPOINTS / "smollm2_eagle3"
+SMOLLM2_DRAFT = CHECKPOINTS / "smollm2_draft"
 NAMES = MODEL_NAMES + HEAD_NAMES
 
 TARGET_CONFIG = TransformerConfig(vocab_size=VOCAB_SIZE, num_layers=6, d_model=256,
@@ -54,7 +58,8 @@ def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
     if not (path / "params").exists():
         raise FileNotFoundError(
             f"the bundled {name} checkpoint is missing at {path}; this checkout has no trained "
-            "weights. Train them with `bash models/train_bundled.sh` (see models/README.md)")
+            "weights. Train them with `bash models/recipes/train_bundled.sh WORK_DIR` (see "
+            "docs/checkpoints.md)")
     return load_checkpoint(path, dtype, scan_layers=scan_layers)
 
 

@@ -783,7 +783,7 @@ def select_layers(model, layers, draft_vocab=None):
     the reduced vocabulary (column j is id `draft_vocab[j]`; pair it with
     `specjax.DraftModel(draft, draft_vocab=ids)`) while the embedding still reads every
     target id (`TransformerConfig.input_vocab_size`). The starting point of a distilled
-    layer draft (`specjax_models.chat_draft`).
+    layer draft (`specjax_models.recipes.smollm2_draft`).
 
     `model` is a `Transformer` (returns a Transformer) or a `specjax.CausalLM` made from
     one (returns a CausalLM). The result's config is `result.config` (a Transformer) or

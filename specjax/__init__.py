@@ -1,35 +1,49 @@
-"""specjax: batched, sampling-exact, fully jitted speculative decoding in JAX."""
+"""specjax: batched, sampling-exact, fully jitted speculative decoding in JAX.
 
-from specjax import analysis, drafters
-from specjax.causal_lm import CausalLM
-from specjax.compilation_cache import enable_compilation_cache
-from specjax.drafters import DraftModel, PromptLookup
-from specjax.generate import DecodeState, GenerateOutput, decode_step, generate
-from specjax.sampling import (
-    GREEDY,
-    SamplingConfig,
-    SamplingParams,
-    probabilities,
-    sample_tokens,
-    sampling_params,
-    warp_logits,
-)
-from specjax.speculative import (
-    SpeculativeConfig,
-    SpeculativeState,
-    jitted_step,
-    speculative_step,
-)
-from specjax.speculative_decoding import (
-    SpeculativeOutput,
-    init_speculative_state,
-    speculative_generate,
-)
-from specjax.stats import SpeculativeStats
-from specjax.streaming import StreamChunk, speculative_stream
-from specjax.trees import DynamicTree, TreeShape
+The public names load on first use (PEP 562): `import specjax` costs nothing, so the
+command line answers `--help` and bad input before jax loads, and a script pays only for
+what it touches. `from specjax import speculative_generate` and `specjax.generate(...)`
+work as with eager imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+# Public name -> the module that defines it (a module itself where the name is a module).
+_SOURCES = {
+    "CausalLM": "specjax.causal_lm",
+    "enable_compilation_cache": "specjax.compilation_cache",
+    "DraftModel": "specjax.drafters",
+    "PromptLookup": "specjax.drafters",
+    "DecodeState": "specjax.autoregressive",
+    "GenerateOutput": "specjax.autoregressive",
+    "decode_step": "specjax.autoregressive",
+    "generate": "specjax.autoregressive",
+    "GREEDY": "specjax.sampling",
+    "SamplingConfig": "specjax.sampling",
+    "SamplingParams": "specjax.sampling",
+    "probabilities": "specjax.sampling",
+    "sample_tokens": "specjax.sampling",
+    "sampling_params": "specjax.sampling",
+    "warp_logits": "specjax.sampling",
+    "SpeculativeConfig": "specjax.step",
+    "SpeculativeState": "specjax.step",
+    "jitted_step": "specjax.step",
+    "speculative_step": "specjax.step",
+    "SpeculativeOutput": "specjax.speculative_loop",
+    "init_speculative_state": "specjax.speculative_loop",
+    "speculative_generate": "specjax.speculative_loop",
+    "SpeculativeStats": "specjax.stats",
+    "StreamChunk": "specjax.streaming",
+    "speculative_stream": "specjax.streaming",
+    "DynamicTree": "specjax.trees",
+    "TreeShape": "specjax.trees",
+}
+_MODULES = ("analysis", "drafters")
 
 __all__ = [
     "GREEDY",
@@ -62,3 +76,47 @@ __all__ = [
     "speculative_stream",
     "warp_logits",
 ]
+
+
+def __getattr__(name: str):
+    if name in _SOURCES:
+        value = getattr(importlib.import_module(_SOURCES[name]), name)
+    else:  # a submodule (specjax.analysis, specjax.trees, ...), imported on first use
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'specjax' has no attribute {name!r}") from None
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
+    from specjax import analysis, drafters
+    from specjax.autoregressive import DecodeState, GenerateOutput, decode_step, generate
+    from specjax.causal_lm import CausalLM
+    from specjax.compilation_cache import enable_compilation_cache
+    from specjax.drafters import DraftModel, PromptLookup
+    from specjax.sampling import (
+        GREEDY,
+        SamplingConfig,
+        SamplingParams,
+        probabilities,
+        sample_tokens,
+        sampling_params,
+        warp_logits,
+    )
+    from specjax.speculative_loop import (
+        SpeculativeOutput,
+        init_speculative_state,
+        speculative_generate,
+    )
+    from specjax.stats import SpeculativeStats
+    from specjax.step import SpeculativeConfig, SpeculativeState, jitted_step, speculative_step
+    from specjax.streaming import StreamChunk, speculative_stream
+    from specjax.trees import DynamicTree, TreeShape

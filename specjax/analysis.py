@@ -71,7 +71,7 @@ def measure_rank_acceptance(target, draft, prompts, sampling, *, num_ranks: int 
     `num_ranks` children (`DraftModel(draft, method)`) and return, for each rank r, the
     fraction of steps whose accepted child had rank r."""
     from specjax.drafters.draft_model import DraftModel
-    from specjax.speculative_decoding import speculative_generate
+    from specjax.speculative_loop import speculative_generate
     from specjax.trees import TreeShape
 
     star = TreeShape.from_paths([[r] for r in range(num_ranks)])

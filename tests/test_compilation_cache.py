@@ -164,3 +164,21 @@ def test_a_second_process_loads_the_compiled_decoder_from_disk(tmp_path):
     assert any(os.scandir(tmp_path / "cache"))
     mode = os.stat(tmp_path / "cache").st_mode & 0o777
     assert mode == 0o700 or np.bitwise_and(mode, 0o077) == 0
+
+
+def test_a_cache_set_up_before_jax_loads_receives_its_programs(tmp_path):
+    """The command line's path: the cache is chosen before jax is imported (so a refused
+    command never loads jax), and the programs compiled later land in it."""
+    script = textwrap.dedent(f"""
+        import sys
+        from specjax.compilation_cache import cache_for_next_jax_import
+        folder = cache_for_next_jax_import({str(tmp_path / "early")!r}, min_compile_secs=0)
+        assert "jax" not in sys.modules
+        import jax, jax.numpy as jnp
+        jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(5)).block_until_ready()
+        print(sum(1 for _ in folder.iterdir()))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip()) >= 1

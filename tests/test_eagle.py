@@ -14,8 +14,8 @@ import specjax_models
 from specjax import GREEDY, DynamicTree, SamplingConfig, SpeculativeConfig, TreeShape
 from specjax.causal_lm import prefill
 from specjax.drafters import Eagle, FeatureHeadConfig, eagle3_feature_layers
-from specjax.speculative import jitted_step
-from specjax.speculative_decoding import init_speculative_state
+from specjax.speculative_loop import init_speculative_state
+from specjax.step import jitted_step
 
 TREE = TreeShape.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
 

@@ -13,8 +13,8 @@ from specjax import GREEDY, SamplingConfig, SpeculativeConfig, TreeShape
 from specjax.drafters import Eagle, Medusa
 from specjax.drafters.base import DraftContext
 from specjax.drafters.medusa import medusa_logits
-from specjax.speculative import jitted_step
-from specjax.speculative_decoding import init_speculative_state
+from specjax.speculative_loop import init_speculative_state
+from specjax.step import jitted_step
 
 
 def random_medusa(lm, heads=3, seed=0, method="greedy") -> Medusa:

@@ -75,7 +75,7 @@ class Proposal:
     [B], chains only: how many of the row's leading drafts are worth verifying (0 for a
     row with nothing to offer, e.g. prompt lookup without a match, whose drafts are
     filler; fewer than K when a confident drafter doubts its later drafts). The step
-    verifies only as many drafts as the running rows need (`speculative.verify_widths`):
+    verifies only as many drafts as the running rows need (`step.verify_widths`):
     none, a one-token forward at plain decoding's cost, when no row has a real draft; all
     K otherwise, or, for a drafter with `graded_num_real = True`, the longest row's count.
     The choice depends on the drafts alone, so the output stays exact.

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.autoregressive import generate
 from specjax.causal_lm import CausalLM
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.feature_head import (
@@ -51,7 +52,6 @@ from specjax.drafters.feature_head import (
     project_qkv,
 )
 from specjax.drafters.medusa import Medusa, medusa_logits
-from specjax.generate import generate
 from specjax.sampling import SamplingConfig
 from specjax.training.cached import masked_mean, soft_label_terms
 from specjax.training.config import TrainConfig

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specjax.autoregressive import generate
 from specjax.causal_lm import CausalLM
-from specjax.generate import generate
 from specjax.sampling import SamplingConfig
 from specjax.training import checkpoints
 from specjax.training.config import DistillConfig, TrainConfig

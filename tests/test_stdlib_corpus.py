@@ -1,8 +1,9 @@
-"""specjax_models.corpus: the stdlib corpus, its stable split, and reproducible batches."""
+"""specjax_models.recipes.stdlib_corpus: the stdlib corpus, its stable split, and
+reproducible batches."""
 
 import numpy as np
 
-from specjax_models import corpus
+from specjax_models.recipes import stdlib_corpus as corpus
 from specjax_models.tokenizer import BOS_ID, EOS_ID
 
 

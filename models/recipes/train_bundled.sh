@@ -3,8 +3,8 @@
 # draft's acceptance before and after distillation. Resumable: rerun the same command
 # and every phase continues from its latest checkpoint.
 #
-#   bash models/train_bundled.sh WORK_DIR            # full run (the bundled recipe)
-#   SCALE=tiny bash models/train_bundled.sh WORK_DIR # a smoke test of the pipeline
+#   bash models/recipes/train_bundled.sh WORK_DIR            # full run (the bundled recipe)
+#   SCALE=tiny bash models/recipes/train_bundled.sh WORK_DIR # a smoke test of the pipeline
 #
 # Env: CORPUS (a saved corpus dir; default: this Python's stdlib), MAX_SECONDS_* (stop a
 # phase early; rerun to resume), INSTALL_TO (copy the results to models/checkpoints).

@@ -4,8 +4,8 @@
 # same command and each head continues from its latest checkpoint (the generated data is
 # cached in WORK_DIR and shared by the four runs).
 #
-#   bash models/train_heads.sh WORK_DIR             # the bundled recipe (CPU: ~1 h)
-#   SCALE=tiny bash models/train_heads.sh WORK_DIR  # a smoke test of the pipeline
+#   bash models/recipes/train_heads.sh WORK_DIR             # the bundled recipe (CPU: ~1 h)
+#   SCALE=tiny bash models/recipes/train_heads.sh WORK_DIR  # a smoke test of the pipeline
 #
 # Env: METHODS (default "eagle3 medusa eagle mtp"), STEPS_<METHOD> (e.g. STEPS_EAGLE3),
 # MAX_SECONDS (per head; stop early with a checkpoint, rerun to resume), NO_INSTALL=1.
@@ -35,8 +35,8 @@ for method in ${METHODS:-eagle3 medusa eagle mtp}; do
     ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} "${common[@]}"
   [ -e "$work/data.npz" ] || cp "$out/data.npz" "$work/data.npz"
   if [ -z "${NO_INSTALL:-}" ]; then
-    mkdir -p "$here/checkpoints/$method"
-    cp "$out/head.json" "$out/head.npz" "$out/metadata.json" "$here/checkpoints/$method/"
-    cp "$out/run/history.jsonl" "$here/checkpoints/$method/history.jsonl" 2>/dev/null || true
+    mkdir -p "$here/../checkpoints/$method"
+    cp "$out/head.json" "$out/head.npz" "$out/metadata.json" "$here/../checkpoints/$method/"
+    cp "$out/run/history.jsonl" "$here/../checkpoints/$method/history.jsonl" 2>/dev/null || true
   fi
 done

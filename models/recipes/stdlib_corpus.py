@@ -65,7 +65,7 @@ class Corpus:
         directory = Path(directory)
         if not (directory / "manifest.json").exists():
             raise FileNotFoundError(f"no corpus in {directory}: build one with "
-                                    "specjax_models.corpus.build_corpus().save(directory)")
+                                    "specjax_models.recipes.stdlib_corpus.build_corpus().save(directory)")
         return cls(np.load(directory / "train.npy"), np.load(directory / "heldout.npy"),
                    json.loads((directory / "manifest.json").read_text()))
 

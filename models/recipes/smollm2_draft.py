@@ -1,15 +1,13 @@
 """A distilled layer draft for a real chat model (SmolLM2-135M-Instruct): a few of the
 target's own layers, its embedding and the rows of its LM head for a reduced draft
-vocabulary, trained on the target's cached answers (`specjax_models.chat_head`'s work
+vocabulary, trained on the target's cached answers (`specjax_models.recipes.smollm2_head`'s work
 directory: the same answers and top-k probabilities the EAGLE-3 head learns from).
 
 Initialisation: `select_layers(target, layers, draft_vocab)`; the embedding and the head
 rows stay the target's (frozen and not saved), the chosen blocks and the final norm are
 trained with `specjax.training.distill_cached` (soft cross-entropy against the target's
 top-k at the answer positions; orbax checkpoints in the work directory, exact resume).
-Saved as `draft.json` (config, layers, target) + `draft.npz` (the trained groups and the
-draft vocabulary); `load_layer_draft(directory, target)` rebuilds the
-`specjax.DraftModel(..., draft_vocab=ids)`.
+Saved and loaded by `specjax_models.layer_draft` (`draft.json` + `draft.npz`).
 
 `specjax train-drafter --model smollm2 --method draft --out DIR` runs it (the data phases
 first, skipped when the work directory has them).
@@ -22,15 +20,12 @@ import json
 import time
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-import specjax
 from specjax.drafters.eagle import most_frequent_tokens
 from specjax.training import TrainConfig, distill_cached, draft_label_index
-from specjax_models.bundled import CHECKPOINTS
-from specjax_models.chat_head import (
+from specjax_models.layer_draft import SHARED, save_layer_draft, trained_arrays
+from specjax_models.recipes.smollm2_head import (
     answer_tokens,
     copy_data_log,
     data_summary,
@@ -39,67 +34,6 @@ from specjax_models.chat_head import (
     write_run_record,
 )
 from specjax_models.transformer import select_layers, select_layers_config
-
-# The distilled draft for SmolLM2-135M-Instruct shipped with the package (see its MODEL_CARD).
-SMOLLM2_DRAFT = CHECKPOINTS / "smollm2_draft"
-# Parameter groups the draft shares with its target: not trained, not saved.
-SHARED = ("embed", "lm_head")
-DRAFT_VOCAB_KEY = "draft_vocab"
-
-
-def _trained_arrays(draft: specjax.CausalLM) -> dict:
-    """The draft's own parameters by flat name ("layers.0.attention.q_proj.kernel", ...)."""
-    flat = nnx.to_flat_state(nnx.State(dict(draft.params)))
-    return {".".join(str(p) for p in path): np.asarray(leaf.get_value())
-            for path, leaf in flat if path[0] not in SHARED}
-
-
-def save_layer_draft(directory: str | Path, draft: specjax.CausalLM, target_config, layers,
-                     draft_vocab) -> None:
-    """`draft.json` and `draft.npz` (float32) in `directory`; the shared embedding and head
-    rows are rebuilt from the target on load."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    meta = {"layers": [int(i) for i in layers],
-            "config": dataclasses.asdict(select_layers_config(target_config, layers,
-                                                              draft_vocab)),
-            "target_config": dataclasses.asdict(target_config)}
-    (directory / "draft.json").write_text(json.dumps(meta, indent=1) + "\n")
-    arrays = {name: value.astype(np.float32) for name, value in _trained_arrays(draft).items()}
-    np.savez(directory / "draft.npz", **arrays,
-             **{DRAFT_VOCAB_KEY: np.asarray(draft_vocab, np.int32)})
-
-
-def load_layer_draft(directory: str | Path, target: specjax.CausalLM,
-                     method: str = "sample") -> specjax.DraftModel:
-    """The draft saved in `directory` on `target` (the model it was distilled from), as a
-    `specjax.DraftModel` with its draft vocabulary."""
-    directory = Path(directory)
-    if not (directory / "draft.json").exists() or not (directory / "draft.npz").exists():
-        raise FileNotFoundError(f"no distilled draft at {directory} (expected draft.json and "
-                                "draft.npz, as `specjax train-drafter --method draft` writes)")
-    meta = json.loads((directory / "draft.json").read_text())
-    with np.load(directory / "draft.npz") as f:
-        arrays = {name: f[name] for name in f.files}
-    draft_vocab = arrays.pop(DRAFT_VOCAB_KEY)
-    draft = select_layers(target, tuple(meta["layers"]), draft_vocab)
-    flat = nnx.to_flat_state(nnx.State(dict(draft.params)))
-    updated = []
-    for path, leaf in flat:
-        name = ".".join(str(p) for p in path)
-        if path[0] not in SHARED:
-            saved = arrays.pop(name, None)
-            if saved is None or saved.shape != leaf.get_value().shape:
-                raise ValueError(f"{directory} does not fit this target: its {name} is "
-                                 f"{None if saved is None else saved.shape}, the target's "
-                                 f"layers give {leaf.get_value().shape}")
-            leaf = leaf.replace(jnp.asarray(saved, leaf.get_value().dtype))
-        updated.append((path, leaf))
-    if arrays:
-        raise ValueError(f"{directory} holds parameters this draft has no place for: "
-                         f"{sorted(arrays)[:4]}")
-    params = type(draft.params)(dict(nnx.from_flat_state(updated)))
-    return specjax.DraftModel(draft.with_params(params), method, draft_vocab=draft_vocab)
 
 
 def train_chat_draft(target, target_config, work_dir: str | Path, out_dir: str | Path, *,
@@ -146,7 +80,7 @@ def train_chat_draft(target, target_config, work_dir: str | Path, out_dir: str |
                 "draft_vocab": int(len(vocab)),
                 "draft_vocab_coverage": float(np.isin(answers, vocab).mean()),
                 "target_vocab": target_config.vocab_size,
-                "trained_params": int(sum(v.size for v in _trained_arrays(result.lm).values())),
+                "trained_params": int(sum(v.size for v in trained_arrays(result.lm).values())),
                 "train_rows": int(len(train_rows)),
                 "train_answer_positions": int(train_arrays["loss_mask"].sum()),
                 "heldout_rows": heldout_rows,
@@ -193,7 +127,7 @@ def write_draft_card(out_dir: str | Path, work_dir: str | Path) -> None:
         f"lower bound): {last.get('acceptance@1', float('nan')):.3f}.", "",
         "Speed and tau on the evaluation prompts: `benchmarks/results/real_trained_cpu.md` "
         "(`python -m benchmarks.real`).", "",
-        "Load: `specjax_models.chat_draft.load_layer_draft(SMOLLM2_DRAFT, target)` (a "
+        "Load: `specjax_models.load_layer_draft(specjax_models.SMOLLM2_DRAFT, target)` (a "
         "`specjax.DraftModel`); CLI: `specjax generate --model smollm2 --drafter model`, "
         "`specjax chat --drafter model`."]
     (out_dir / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")

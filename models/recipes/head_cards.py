@@ -2,7 +2,7 @@
 each head's `metadata.json` and `history.jsonl` (written by `specjax train-drafter`) and,
 when present, the measured rows of `benchmarks/results/feature_drafters_cpu.json`.
 
-    python -m specjax_models.head_cards
+    python -m specjax_models.recipes.head_cards
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specjax_models.bundled import HEAD_NAMES, bundled_path
 
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 TITLES = {"medusa": "Medusa heads", "eagle": "EAGLE-1 head", "eagle3": "EAGLE-3 head",
           "mtp": "MTP module"}
 LABELS = {"medusa": "Medusa", "eagle": "EAGLE-1", "eagle3": "EAGLE-3", "mtp": "MTP"}
@@ -63,8 +63,8 @@ def card(name: str, rows: list[dict]) -> str:
              f" warmup steps, cosine decay, weight decay {args['weight_decay']}, clipping 1.0), "
              f"seed {args['seed']}, the target frozen inside each step; {seconds / 60:.0f} "
              f"minutes on {meta['device']}. Loss curve: `history.jsonl`.",
-             f"- Command: `{meta['command']}` (all four: `bash models/train_heads.sh WORK_DIR`;"
-             " rerun to resume).",
+             f"- Command: `{meta['command']}` (all four: `bash "
+             "models/recipes/train_heads.sh WORK_DIR`; rerun to resume).",
              f"- Held-out expected acceptance at temperature 1 (sum_x min(p, q) per draft "
              f"depth, teacher prefix): {acceptance}.", ""]
     mine = [r for r in rows if r["drafter"].startswith(LABELS[name] + ",")]

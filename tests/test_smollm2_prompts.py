@@ -1,9 +1,9 @@
-"""Training prompts for chat-model drafters (models/chat_prompts.py)."""
+"""SmolLM2 training prompts (specjax_models.recipes.smollm2_prompts)."""
 
 import pytest
 
 from benchmarks.real_prompts import PROMPTS
-from specjax_models.chat_prompts import chat_prompts, rewrite_prompts
+from specjax_models.recipes.smollm2_prompts import chat_prompts, rewrite_prompts
 
 
 def test_prompts_are_distinct_reproducible_and_not_the_evaluation_set():

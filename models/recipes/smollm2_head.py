@@ -40,12 +40,8 @@ from specjax.training import (
     draft_label_index,
     train_head_cached,
 )
-from specjax_models.bundled import CHECKPOINTS
-from specjax_models.chat_prompts import chat_prompts, rewrite_prompts
 from specjax_models.heads import create_head
-
-# The EAGLE-3 head for SmolLM2-135M-Instruct shipped with the package (see its MODEL_CARD).
-SMOLLM2_HEAD = CHECKPOINTS / "smollm2_eagle3"
+from specjax_models.recipes.smollm2_prompts import chat_prompts, rewrite_prompts
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -319,8 +315,8 @@ def data_summary(work_dir: str | Path) -> str:
         f"{settings['temperature']}, to "
         + ", ".join(f"{rows} {kind} prompts ({answers} answer tokens)"
                     for kind, (rows, answers, _) in kinds.items())
-        + " (`models/chat_prompts.py`: questions, writing and code from templates; the rewrite "
-        "prompts quote the first answers; none is in the evaluation set "
+        + " (`models/recipes/smollm2_prompts.py`: questions, writing and code from templates; "
+        "the rewrite prompts quote the first answers; none is in the evaluation set "
         f"`benchmarks/real_prompts.py`). Rows are prompt + answer, {settings['length']} "
         "tokens; the target ran once over each row and its top-"
         f"{settings['top_k']} next-token probabilities and the EAGLE-3 features were cached "
@@ -381,7 +377,7 @@ def write_model_card(out_dir: str | Path, work_dir: str | Path) -> None:
         "Speed and tau on the evaluation prompts: `benchmarks/results/real_head_cpu.md` "
         "(`python -m benchmarks.real`).", "",
         "Load: `specjax_models.heads.load_head_for(SMOLLM2_HEAD, target)` with "
-        "`SMOLLM2_HEAD` from `specjax_models.chat_head`; CLI: `specjax generate --model "
+        "`SMOLLM2_HEAD` from `specjax_models`; CLI: `specjax generate --model "
         "smollm2 --drafter eagle3`, `specjax chat --drafter eagle3`."]
     (out_dir / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
     copy_data_log(out_dir, work_dir)

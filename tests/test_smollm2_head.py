@@ -1,5 +1,5 @@
-"""An EAGLE-3 head for a chat model (models/chat_head.py): answers, cached target outputs,
-loss mask, resumable phases, training; run on the tiny target with a toy chat template."""
+"""An EAGLE-3 head for a chat model (models/recipes/smollm2_head.py): answers, cached target
+outputs, loss mask, resumable phases, training; run on the tiny target with a toy chat template."""
 
 import json
 
@@ -9,7 +9,7 @@ import pytest
 from conftest import CHAT_DATA, ToyChatTokenizer, tiny_config
 
 from specjax.training import TrainConfig
-from specjax_models.chat_head import (
+from specjax_models.recipes.smollm2_head import (
     ChatDataConfig,
     answer_tokens,
     load_chat_data,

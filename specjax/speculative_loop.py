@@ -2,7 +2,7 @@
 run `speculative_step` inside one jit and one `lax.while_loop`.
 
 This is the layer that turns a plain `CausalLM` draft into a `DraftModel`; the step
-itself (specjax.speculative) knows only the drafter contract.
+itself (specjax.step) knows only the drafter contract.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from specjax.causal_lm import CausalLM, prefill
 from specjax.drafters.draft_model import DraftModel
 from specjax.inputs import check_pad_id, first_columns, prepare_batch, resolve_key
 from specjax.sampling import SamplingConfig, SamplingParams, distinct_configs, sampling_params
-from specjax.speculative import (
+from specjax.stats import SpeculativeStats
+from specjax.step import (
     SpeculativeConfig,
     SpeculativeState,
     compile_key,
     feature_layers_of,
     speculative_step,
 )
-from specjax.stats import SpeculativeStats
 from specjax.trees import DynamicTree, TreeShape
 
 

@@ -1,5 +1,5 @@
-"""A distilled layer draft for a chat model (models/chat_draft.py): training on the cached
-answers, saving only what is trained, loading onto the target, exact decoding with it;
+"""A distilled layer draft for a chat model (models/recipes/smollm2_draft.py): training on
+the cached answers, saving only what is trained, loading onto the target, exact decoding with it;
 run on the tiny target with the toy chat template's work directory."""
 
 import json
@@ -11,8 +11,9 @@ from conftest import build_lm, tiny_config
 
 import specjax
 from specjax.training import TrainConfig
-from specjax_models.chat_draft import load_layer_draft, train_chat_draft, write_draft_card
-from specjax_models.chat_head import heldout_split, load_chat_data
+from specjax_models import load_layer_draft
+from specjax_models.recipes.smollm2_draft import train_chat_draft, write_draft_card
+from specjax_models.recipes.smollm2_head import heldout_split, load_chat_data
 
 TRAIN = TrainConfig(steps=3, warmup_steps=1, log_every=1, eval_every=3, checkpoint_every=3)
 

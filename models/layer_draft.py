@@ -1,0 +1,81 @@
+"""A layer draft: a few of a target's own layers on its embedding, with the rows of its LM
+head for a reduced draft vocabulary (`select_layers`), the chosen blocks and the final norm
+trained by distillation (`specjax_models.recipes.smollm2_draft` for SmolLM2).
+
+Saved as `draft.json` (config, layers, target) + `draft.npz` (the trained groups and the
+draft vocabulary); the embedding and the head rows stay the target's (not saved) and
+`load_layer_draft(directory, target)` rebuilds the `specjax.DraftModel(...,
+draft_vocab=ids)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import specjax
+from specjax_models.transformer import select_layers, select_layers_config
+
+# Parameter groups the draft shares with its target: not trained, not saved.
+SHARED = ("embed", "lm_head")
+DRAFT_VOCAB_KEY = "draft_vocab"
+
+
+def trained_arrays(draft: specjax.CausalLM) -> dict:
+    """The draft's own parameters by flat name ("layers.0.attention.q_proj.kernel", ...)."""
+    flat = nnx.to_flat_state(nnx.State(dict(draft.params)))
+    return {".".join(str(p) for p in path): np.asarray(leaf.get_value())
+            for path, leaf in flat if path[0] not in SHARED}
+
+
+def save_layer_draft(directory: str | Path, draft: specjax.CausalLM, target_config, layers,
+                     draft_vocab) -> None:
+    """`draft.json` and `draft.npz` (float32) in `directory`; the shared embedding and head
+    rows are rebuilt from the target on load."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {"layers": [int(i) for i in layers],
+            "config": dataclasses.asdict(select_layers_config(target_config, layers,
+                                                              draft_vocab)),
+            "target_config": dataclasses.asdict(target_config)}
+    (directory / "draft.json").write_text(json.dumps(meta, indent=1) + "\n")
+    arrays = {name: value.astype(np.float32) for name, value in trained_arrays(draft).items()}
+    np.savez(directory / "draft.npz", **arrays,
+             **{DRAFT_VOCAB_KEY: np.asarray(draft_vocab, np.int32)})
+
+
+def load_layer_draft(directory: str | Path, target: specjax.CausalLM,
+                     method: str = "sample") -> specjax.DraftModel:
+    """The draft saved in `directory` on `target` (the model it was distilled from), as a
+    `specjax.DraftModel` with its draft vocabulary."""
+    directory = Path(directory)
+    if not (directory / "draft.json").exists() or not (directory / "draft.npz").exists():
+        raise FileNotFoundError(f"no distilled draft at {directory} (expected draft.json and "
+                                "draft.npz, as `specjax train-drafter --method draft` writes)")
+    meta = json.loads((directory / "draft.json").read_text())
+    with np.load(directory / "draft.npz") as f:
+        arrays = {name: f[name] for name in f.files}
+    draft_vocab = arrays.pop(DRAFT_VOCAB_KEY)
+    draft = select_layers(target, tuple(meta["layers"]), draft_vocab)
+    flat = nnx.to_flat_state(nnx.State(dict(draft.params)))
+    updated = []
+    for path, leaf in flat:
+        name = ".".join(str(p) for p in path)
+        if path[0] not in SHARED:
+            saved = arrays.pop(name, None)
+            if saved is None or saved.shape != leaf.get_value().shape:
+                raise ValueError(f"{directory} does not fit this target: its {name} is "
+                                 f"{None if saved is None else saved.shape}, the target's "
+                                 f"layers give {leaf.get_value().shape}")
+            leaf = leaf.replace(jnp.asarray(saved, leaf.get_value().dtype))
+        updated.append((path, leaf))
+    if arrays:
+        raise ValueError(f"{directory} holds parameters this draft has no place for: "
+                         f"{sorted(arrays)[:4]}")
+    params = type(draft.params)(dict(nnx.from_flat_state(updated)))
+    return specjax.DraftModel(draft.with_params(params), method, draft_vocab=draft_vocab)

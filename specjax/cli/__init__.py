@@ -1,0 +1,56 @@
+"""The `specjax` command line: demo, generate, chat, train, distill, train-drafter.
+
+This is the users' layer (DESIGN.md section 2): the one part of the specjax package that
+imports the model package `specjax_models`, and nothing else in specjax imports it
+(tests/test_layers.py checks both). One module per command or family defines its
+arguments beside its handler (`register(subparsers)` sets `handler`); what they share,
+loading, painting and errors, lives in `common` and `loading`. Imports of jax, the
+decoders and the models sit inside the handlers on purpose: `--help` and input errors
+answer before they load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specjax.cli import chat, demo, generate, train, train_drafter
+from specjax.cli.common import CliError, compilation_cache
+
+__all__ = ["CliError", "build_parser", "main"]
+
+# In `specjax --help` order.
+COMMANDS = (demo, generate, chat, train, train_drafter)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specjax",
+                                     description="Exact speculative decoding in JAX.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.register(sub)
+    for command in sub.choices.values():
+        command.add_argument("--no-compilation-cache", action="store_true",
+                             help="do not keep compiled programs on disk (by default they "
+                                  "go to $SPECJAX_COMPILATION_CACHE or ~/.cache/specjax/jax, "
+                                  "so a second run starts without compiling; "
+                                  "SPECJAX_COMPILATION_CACHE=off turns it off too)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = "?"
+    try:
+        args = build_parser().parse_args(argv)
+        command = args.command
+        compilation_cache(args)
+        return args.handler(args)
+    except (CliError, ValueError, TypeError, FileNotFoundError) as error:
+        print(f"specjax {command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(flush=True)
+        print(f"specjax {command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `specjax generate ... | head`
+        return 0

