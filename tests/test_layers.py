@@ -60,3 +60,40 @@ def test_every_public_name_loads_lazily_from_the_module_that_defines_it():
         if defined_in is not None:
             assert getattr(sys.modules[defined_in], name) is value
     assert specjax.trees is sys.modules["specjax.trees"]  # submodules load on first use
+
+
+# Modules whose tests live in a module named after their family, not after the file.
+TESTED_IN = {
+    "specjax/drafters/base.py": "test_step.py",  # the drafter contract, as the step checks it
+    "specjax/drafters/feature_head.py": "test_eagle.py",  # the block the EAGLE heads run
+    "specjax/training/checkpoints.py": "test_training.py",
+    "specjax/training/config.py": "test_training.py",
+    "specjax/training/loop.py": "test_training.py",
+    "specjax/training/losses.py": "test_training.py",
+    "specjax/training/progress.py": "test_training.py",
+    "specjax/cli/common.py": "test_cli.py",
+    "specjax/cli/loading.py": "test_cli.py",
+    "models/bundled.py": "test_checkpoint.py",
+    "models/hf_tokenizer.py": "test_hf.py",
+    "models/layer_draft.py": "test_smollm2_draft.py",
+    "specjax/training/heads.py": "test_training_heads.py",
+}
+
+
+def test_the_tests_mirror_the_packages():
+    """Every module has its test module: tests/test_<module>.py (test_cli_<command>.py for
+    the command line), or the family module named in TESTED_IN; none over 600 lines."""
+    tests = ROOT / "tests"
+    missing = []
+    for package in ("specjax", "models"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name in ("__init__.py", "__main__.py"):
+                continue
+            relative = str(path.relative_to(ROOT))
+            prefix = "cli_" if path.parent.name == "cli" else ""
+            expected = TESTED_IN.get(relative, f"test_{prefix}{path.stem}.py")
+            if not (tests / expected).exists():
+                missing.append(f"{relative} -> tests/{expected}")
+    assert missing == []
+    too_long = [p.name for p in tests.glob("*.py") if len(p.read_text().splitlines()) > 600]
+    assert too_long == []

@@ -1,0 +1,31 @@
+"""specjax.timing: wall time waits for the arrays, step costs time what a decode loop runs,
+alternation and medians. No speed is asserted (benchmarks measure it)."""
+
+import jax.numpy as jnp
+import pytest
+
+from specjax.timing import forward_timer, interleaved_medians, step_costs, wall_seconds
+
+
+def test_wall_seconds_returns_the_result_and_a_duration():
+    result, seconds = wall_seconds(lambda: jnp.arange(5) * 2)
+    assert result.tolist() == [0, 2, 4, 6, 8] and seconds >= 0
+
+
+def test_interleaved_medians_alternate_the_timers_at_least_five_times():
+    calls = []
+    timers = {"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 3.0}
+    medians = interleaved_medians(timers, reps=2)
+    assert medians == {"a": 1.0, "b": 3.0}
+    assert calls == ["a", "b"] * 5  # alternated, and never fewer than five rounds
+
+
+def test_step_costs_time_each_forward_the_loop_runs(tiny_lm, close_draft):
+    costs = step_costs(tiny_lm, close_draft, 2, [1, 3], reps=1, cache_slots=32, position=8)
+    assert set(costs) == {"target", "draft", 2, 4}
+    assert all(seconds > 0 for seconds in costs.values())
+
+
+def test_a_forward_that_does_not_fit_its_cache_is_refused(tiny_lm):
+    with pytest.raises(ValueError, match="does not fit in 16 cache slots"):
+        forward_timer(tiny_lm, 1, 4, cache_slots=16, position=12)
