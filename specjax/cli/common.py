@@ -125,3 +125,9 @@ def compilation_cache(args) -> None:
 def add_colour_option(parser) -> None:
     parser.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                         help=COLOUR_HELP)
+
+
+def add_prefill_chunk_option(parser) -> None:
+    parser.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                        help="prefill prompts longer than N tokens in chunks of N (bounded "
+                             "memory for long prompts; default: the model's, 512)")

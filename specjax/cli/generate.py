@@ -10,6 +10,7 @@ import sys
 from specjax.cli.common import (
     CliError,
     add_colour_option,
+    add_prefill_chunk_option,
     add_sampling,
     painter,
     say,
@@ -87,6 +88,7 @@ def register(sub) -> None:
                           "tokens_per_second (compile excluded), stats")
     gen.add_argument("--quiet", action="store_true", help="no summary line on stderr")
     add_colour_option(gen)
+    add_prefill_chunk_option(gen)
     gen.set_defaults(handler=run)
 
 

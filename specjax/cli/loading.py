@@ -55,6 +55,10 @@ def validate_decoding(args):
         raise CliError(f"--drafter {choice}: the shipped heads belong to the bundled target "
                        f"(and SmolLM2's eagle3); pass --head DIR with a head trained on "
                        f"this target (specjax train-drafter --method {choice} ...)")
+    chunk = getattr(args, "prefill_chunk", None)
+    if chunk is not None and chunk < 1:
+        raise CliError(f"--prefill-chunk must be >= 1 (prompt tokens per prefill forward), "
+                       f"got {chunk}")
     if args.max_new_tokens < 1:
         raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.num_draft_tokens is None:
@@ -190,6 +194,8 @@ def load_pair(args, sampling, lookup, speculative: bool):
         target, tokenizer = load_smollm2()
     else:
         target, tokenizer = load_model(args.target, "target"), specjax_models.ByteTokenizer()
+    if getattr(args, "prefill_chunk", None) is not None:
+        target = target.with_prefill_chunk(args.prefill_chunk)
     drafter = None
     if speculative and choice == "prompt-lookup":
         drafter = lookup

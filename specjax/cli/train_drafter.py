@@ -277,7 +277,7 @@ def _train_chat_drafter(args) -> int:
         except ValueError as error:
             raise CliError(f"--draft-layers: {error}") from None
         except (FileNotFoundError, ImportError):
-            pass  # _smollm2 says what to install
+            pass  # load_smollm2 says what to install
     target, tokenizer = load_smollm2()
     target_config = specjax_models.gguf_config(specjax_models.smollm2_path())
     say(f"answers and target outputs (resumable, in {work}/chunks; progress in "
