@@ -7,7 +7,6 @@ what the command line, the bundled pair and training exports use.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import jax
@@ -15,6 +14,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 import specjax
+from specjax.files import damaged, read_json, write_json_atomically
 from specjax_models.transformer import Transformer, TransformerConfig, dtype_name
 
 
@@ -22,12 +22,19 @@ def config_to_dict(config: TransformerConfig) -> dict:
     return dataclasses.asdict(config)
 
 
-def config_from_dict(fields: dict) -> TransformerConfig:
+REMEDY = "save the checkpoint again (or copy a complete one)"
+
+
+def config_from_dict(fields: dict, source: str = "config.json") -> TransformerConfig:
     known = {f.name for f in dataclasses.fields(TransformerConfig)}
     unknown = sorted(set(fields) - known)
     if unknown:
-        raise ValueError(f"config.json has fields this version does not know: {unknown}")
-    return TransformerConfig(**fields)
+        raise ValueError(f"{source} has fields this version does not know: {unknown}")
+    try:
+        return TransformerConfig(**fields)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{source} does not describe a model this version can build: "
+                         f"{error}") from None
 
 
 def save_checkpoint(lm: specjax.CausalLM, config: TransformerConfig, path: str | Path,
@@ -35,12 +42,15 @@ def save_checkpoint(lm: specjax.CausalLM, config: TransformerConfig, path: str |
     """Write `config.json` (+ `extra` metadata) and the params under `path/params`."""
     path = Path(path).absolute()
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config_to_dict(config), indent=1) + "\n")
-    if extra is not None:
-        (path / "metadata.json").write_text(json.dumps(extra, indent=1) + "\n")
+    # The parameters first (orbax writes them under a temporary name and renames the
+    # folder when complete), then config.json, atomically: a killed save leaves no
+    # config.json that describes parameters which are not all there.
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(path / "params", nnx.to_pure_dict(lm.params), force=True)
     checkpointer.wait_until_finished()
+    if extra is not None:
+        write_json_atomically(path / "metadata.json", extra)
+    write_json_atomically(path / "config.json", config_to_dict(config))
     return path
 
 
@@ -58,24 +68,66 @@ def load_checkpoint(path: str | Path, dtype=None,
     if not (path / "config.json").exists() or not (path / "params").exists():
         raise FileNotFoundError(f"{path} is not a specjax checkpoint (it needs config.json "
                                 "and params/); train one with `specjax train --out DIR`")
-    config = config_from_dict(json.loads((path / "config.json").read_text()))
+    config = config_from_dict(read_json(path / "config.json", REMEDY),
+                              str(path / "config.json"))
     checkpointer = ocp.StandardCheckpointer()
-    stored = checkpointer.metadata(path / "params").item_metadata.tree
+    try:
+        stored = checkpointer.metadata(path / "params").item_metadata.tree
+    except Exception as error:  # orbax / tensorstore raise many types for a damaged folder
+        raise damaged(path / "params", f"is not a readable orbax checkpoint "
+                      f"({type(error).__name__}: {_first_line(error)})", REMEDY) from None
     # Restore onto this machine's default device, whatever device wrote the checkpoint.
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
                           stored)
     if scan_layers is not None:
         config = dataclasses.replace(config, scan_layers=bool(scan_layers))
-    restored = _layer_layout(checkpointer.restore(path / "params", target), config.scan_layers)
+    try:
+        restored = checkpointer.restore(path / "params", target)
+    except Exception as error:  # a truncated or missing array file, a damaged index
+        raise damaged(path / "params", f"cannot be read ({type(error).__name__}: "
+                      f"{_first_line(error)}): the checkpoint is incomplete or damaged",
+                      REMEDY) from None
+    restored = _layer_layout(restored, config.scan_layers)
     if dtype is not None:
         name = dtype_name(dtype)
         config = dataclasses.replace(config, dtype=name, param_dtype=name)
         restored = jax.tree.map(lambda x: x.astype(config.storage_dtype), restored)
     graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))),
                                  nnx.Param)
+    _check_against_config(path, restored, nnx.to_pure_dict(params))
     nnx.replace_by_pure_dict(params, restored)
     return specjax.CausalLM.from_nnx(nnx.merge(graphdef, params))
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else "no message"
+
+
+def _check_against_config(path: Path, restored: dict, expected: dict) -> None:
+    """Every parameter config.json implies is there, with its shape and a float dtype, and
+    nothing else: a checkpoint whose config.json and params/ disagree is refused by name."""
+    def flat(tree, prefix=""):
+        for key, value in tree.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict):
+                yield from flat(value, name + "/")
+            else:
+                yield name, value
+
+    saved, wanted = dict(flat(restored)), dict(flat(expected))
+    missing, extra = sorted(set(wanted) - set(saved)), sorted(set(saved) - set(wanted))
+    if missing or extra:
+        raise damaged(path, f"its params/ do not match its config.json (missing "
+                      f"{missing[:3]}, unexpected {extra[:3]})", REMEDY)
+    for name, value in saved.items():
+        if tuple(value.shape) != tuple(wanted[name].shape):
+            raise damaged(path, f"parameter {name} has shape {tuple(value.shape)}, "
+                          f"config.json implies {tuple(wanted[name].shape)}", REMEDY)
+        if not jax.numpy.issubdtype(value.dtype, jax.numpy.floating):
+            raise damaged(path, f"parameter {name} holds {value.dtype}, expected floats",
+                          REMEDY)
 
 
 def _layer_layout(tree: dict, stacked: bool) -> dict:
@@ -99,4 +151,7 @@ def _layer_layout(tree: dict, stacked: bool) -> dict:
 
 
 def load_config(path: str | Path) -> TransformerConfig:
-    return config_from_dict(json.loads((Path(path) / "config.json").read_text()))
+    source = Path(path) / "config.json"
+    if not source.exists():
+        raise FileNotFoundError(f"{path} has no config.json (not a specjax checkpoint)")
+    return config_from_dict(read_json(source, REMEDY), str(source))

@@ -23,6 +23,7 @@ needed).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import numpy as np
 from flax import nnx
 
 import specjax
+from specjax_models.gguf_layout import check_gguf_layout
 from specjax_models.hf import config_from_hf
 from specjax_models.hf_tokenizer import HFTokenizer
 from specjax_models.transformer import ParamFiller, Transformer, TransformerConfig
@@ -49,7 +51,12 @@ def _reader(path):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (pass the path of a .gguf file)")
-    return gguf.GGUFReader(str(path))
+    check_gguf_layout(path)  # not GGUF, truncated, a damaged header: refused by name
+    try:
+        return gguf.GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is damaged: the gguf reader cannot parse it "
+                         f"({type(error).__name__}: {error}); download it again") from None
 
 
 def _metadata(reader) -> dict:
@@ -163,6 +170,21 @@ def _dequantize(tensor) -> np.ndarray:
     return np.asarray(array, np.float32).reshape(shape)
 
 
+def _naming_the_file(load):
+    """Errors about a file's contents start with the file's name (the reader's own checks
+    already name it)."""
+    @functools.wraps(load)
+    def named(path, *args, **kwargs):
+        try:
+            return load(path, *args, **kwargs)
+        except ValueError as error:
+            if str(path) in str(error):
+                raise
+            raise ValueError(f"{path}: {error}") from None
+    return named
+
+
+@_naming_the_file
 def gguf_config(path: str | Path, dtype=None) -> TransformerConfig:
     """The `TransformerConfig` of a GGUF file (what `from_gguf` builds), without loading
     its weights."""
@@ -170,6 +192,7 @@ def gguf_config(path: str | Path, dtype=None) -> TransformerConfig:
     return config_from_gguf(_metadata(reader), {t.name for t in reader.tensors}, dtype)
 
 
+@_naming_the_file
 def from_gguf(path: str | Path, dtype=None, scan_layers: bool = False) -> specjax.CausalLM:
     """Load a GGUF file (Llama or Qwen2 architecture) as a `specjax.CausalLM`.
 
@@ -241,6 +264,7 @@ def _pre_tokenizer(kind: str):
                      "qwen2, llama-bpe)")
 
 
+@_naming_the_file
 def gguf_tokenizer(path: str | Path) -> HFTokenizer:
     """The tokenizer a GGUF file describes (byte-level BPE: `tokenizer.ggml.model` gpt2),
     with its control tokens kept whole, its special ids, and its chat template."""

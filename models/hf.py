@@ -32,6 +32,8 @@ import numpy as np
 from flax import nnx
 
 import specjax
+from specjax.files import read_json
+from specjax_models.safetensors_layout import checkpoint_files
 from specjax_models.transformer import (
     ParamFiller,
     Transformer,
@@ -289,28 +291,6 @@ def _to_ours(array: np.ndarray, transform) -> np.ndarray:
 
 # ---------------------------------------------------------------- loading
 
-class _Tensors:
-    """Where every tensor of a (possibly sharded) safetensors checkpoint lives."""
-
-    def __init__(self, path: Path):
-        from safetensors import safe_open
-
-        self.path = path
-        index = path / "model.safetensors.index.json"
-        if index.exists():
-            self.file_of = dict(json.loads(index.read_text())["weight_map"])
-        elif (path / "model.safetensors").exists():
-            with safe_open(path / "model.safetensors", framework="numpy") as handle:
-                self.file_of = {key: "model.safetensors" for key in handle.keys()}
-        else:
-            raise FileNotFoundError(f"{path} has no model.safetensors or "
-                                    "model.safetensors.index.json (only safetensors "
-                                    "checkpoints are supported)")
-
-    def names(self) -> set[str]:
-        return set(self.file_of)
-
-
 def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False
                     ) -> specjax.CausalLM:
     """Load a local Hugging Face checkpoint directory as a `specjax.CausalLM`.
@@ -328,10 +308,10 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json: pass a Hugging Face model "
                                 "directory (e.g. from huggingface_hub.snapshot_download)")
-    config = config_from_hf(json.loads((path / "config.json").read_text()), dtype)
+    config = config_from_hf(read_json(path / "config.json", "download it again"), dtype)
     config = dataclasses.replace(config, scan_layers=bool(scan_layers))
-    tensors = _Tensors(path)
-    available = tensors.names()
+    file_of = checkpoint_files(path)  # every file's header checked against its size
+    available = set(file_of)
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
     filler = ParamFiller(abstract_params, config.storage_dtype)
@@ -342,10 +322,10 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False
     for name, _ in filler.targets():
         if name not in mapping or mapping[name][0] not in available:
             wanted = mapping.get(name, (name,))[0]
-            raise ValueError(f"the checkpoint lacks {wanted!r} (needed for {name}); it does "
-                             f"not match its config.json ({model_type_of(config)})")
+            raise ValueError(f"the checkpoint {path} lacks {wanted!r} (needed for {name}); "
+                             f"it does not match its config.json ({model_type_of(config)})")
         hf_name, transform = mapping[name]
-        plan.setdefault(tensors.file_of[hf_name], []).append((name, hf_name, transform))
+        plan.setdefault(file_of[hf_name], []).append((name, hf_name, transform))
     from safetensors import safe_open
 
     used = set()
@@ -356,13 +336,13 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False
                 try:
                     filler.set(name, array)
                 except ValueError as error:
-                    raise ValueError(f"{hf_name}: {error}") from None
+                    raise ValueError(f"{path / file_name}: tensor {hf_name}: {error}") from None
                 used.add(hf_name)
                 del array
     unused = sorted(n for n in available - used if not n.endswith(_IGNORED_SUFFIXES)
                     and not (config.tie_embeddings and n == "lm_head.weight"))
     if unused:
-        raise ValueError(f"the checkpoint has weights this architecture does not use: "
+        raise ValueError(f"the checkpoint {path} has weights this architecture does not use: "
                          f"{unused[:5]}{' ...' if len(unused) > 5 else ''}; an option of "
                          "its config.json is not supported")
     return specjax.CausalLM.from_nnx(nnx.merge(graphdef, filler.state()))

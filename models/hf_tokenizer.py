@@ -3,8 +3,9 @@ its chat template: `load_tokenizer(path)` for a local model directory."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from specjax.files import read_json
 
 
 class HFTokenizer:
@@ -36,9 +37,13 @@ class HFTokenizer:
         path = Path(path)
         if not (path / "tokenizer.json").exists():
             raise FileNotFoundError(f"{path} has no tokenizer.json")
-        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-        read = lambda name: json.loads((path / name).read_text()) if (path / name).exists() \
-            else {}
+        try:
+            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as error:  # the tokenizers library raises a bare Exception
+            raise ValueError(f"{path / 'tokenizer.json'} cannot be read as a tokenizer "
+                             f"({error}); download it again") from None
+        read = lambda name: read_json(path / name, "download it again") \
+            if (path / name).exists() else {}
         config = read("tokenizer_config.json")
         model_config, generation = read("config.json"), read("generation_config.json")
 

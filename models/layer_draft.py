@@ -11,7 +11,6 @@ draft_vocab=ids)`.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -19,8 +18,16 @@ import numpy as np
 from flax import nnx
 
 import specjax
+from specjax.files import (
+    damaged,
+    load_npz,
+    read_json,
+    save_npz_atomically,
+    write_json_atomically,
+)
 from specjax_models.transformer import select_layers, select_layers_config
 
+REMEDY = "distil the draft again (specjax train-drafter --method draft) or copy a complete one"
 # Parameter groups the draft shares with its target: not trained, not saved.
 SHARED = ("embed", "lm_head")
 DRAFT_VOCAB_KEY = "draft_vocab"
@@ -38,15 +45,16 @@ def save_layer_draft(directory: str | Path, draft: specjax.CausalLM, target_conf
     """`draft.json` and `draft.npz` (float32) in `directory`; the shared embedding and head
     rows are rebuilt from the target on load."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     meta = {"layers": [int(i) for i in layers],
             "config": dataclasses.asdict(select_layers_config(target_config, layers,
                                                               draft_vocab)),
             "target_config": dataclasses.asdict(target_config)}
-    (directory / "draft.json").write_text(json.dumps(meta, indent=1) + "\n")
     arrays = {name: value.astype(np.float32) for name, value in trained_arrays(draft).items()}
-    np.savez(directory / "draft.npz", **arrays,
-             **{DRAFT_VOCAB_KEY: np.asarray(draft_vocab, np.int32)})
+    # Each file atomically, the archive first: a killed save leaves no draft.json that
+    # points at a half-written archive.
+    save_npz_atomically(directory / "draft.npz", **arrays,
+                        **{DRAFT_VOCAB_KEY: np.asarray(draft_vocab, np.int32)})
+    write_json_atomically(directory / "draft.json", meta)
 
 
 def load_layer_draft(directory: str | Path, target: specjax.CausalLM,
@@ -57,11 +65,22 @@ def load_layer_draft(directory: str | Path, target: specjax.CausalLM,
     if not (directory / "draft.json").exists() or not (directory / "draft.npz").exists():
         raise FileNotFoundError(f"no distilled draft at {directory} (expected draft.json and "
                                 "draft.npz, as `specjax train-drafter --method draft` writes)")
-    meta = json.loads((directory / "draft.json").read_text())
-    with np.load(directory / "draft.npz") as f:
-        arrays = {name: f[name] for name in f.files}
-    draft_vocab = arrays.pop(DRAFT_VOCAB_KEY)
-    draft = select_layers(target, tuple(meta["layers"]), draft_vocab)
+    meta = read_json(directory / "draft.json", REMEDY)
+    arrays = load_npz(directory / "draft.npz", REMEDY)
+    layers = meta.get("layers")
+    if not isinstance(layers, list) or not all(isinstance(i, int) for i in layers):
+        raise damaged(directory / "draft.json", f"gives layers {layers!r}, expected a list of "
+                      "target layer indices", REMEDY)
+    draft_vocab = arrays.pop(DRAFT_VOCAB_KEY, None)
+    if draft_vocab is None or draft_vocab.ndim != 1 or \
+            not np.issubdtype(draft_vocab.dtype, np.integer):
+        raise damaged(directory / "draft.npz", "lacks its draft vocabulary (an int array "
+                      f"{DRAFT_VOCAB_KEY!r})", REMEDY)
+    if draft_vocab.size and (draft_vocab.min() < 0 or draft_vocab.max() >= target.vocab_size):
+        raise ValueError(f"{directory}: the draft vocabulary holds ids outside this "
+                         f"target's vocabulary of {target.vocab_size}: load it onto the "
+                         "target it was distilled from")
+    draft = select_layers(target, tuple(layers), draft_vocab)
     flat = nnx.to_flat_state(nnx.State(dict(draft.params)))
     updated = []
     for path, leaf in flat:
@@ -72,6 +91,9 @@ def load_layer_draft(directory: str | Path, target: specjax.CausalLM,
                 raise ValueError(f"{directory} does not fit this target: its {name} is "
                                  f"{None if saved is None else saved.shape}, the target's "
                                  f"layers give {leaf.get_value().shape}")
+            if not np.issubdtype(saved.dtype, np.floating):
+                raise damaged(directory / "draft.npz", f"array {name} holds {saved.dtype}, "
+                              "expected floats", REMEDY)
             leaf = leaf.replace(jnp.asarray(saved, leaf.get_value().dtype))
         updated.append((path, leaf))
     if arrays:

@@ -947,6 +947,8 @@ class ParamFiller:
         want = shape if layer is None else shape[1:]
         if tuple(array.shape) != want:
             raise ValueError(f"{name} has shape {tuple(array.shape)}, expected {want}")
+        if not jnp.issubdtype(array.dtype, jnp.floating):
+            raise ValueError(f"{name} holds {array.dtype}, expected floats")
         if layer is None:
             self._done[stacked] = jnp.asarray(array, self._dtype)
             return

@@ -76,6 +76,8 @@ TESTED_IN = {
     "models/bundled.py": "test_checkpoint.py",
     "models/hf_tokenizer.py": "test_hf.py",
     "models/layer_draft.py": "test_smollm2_draft.py",
+    "models/gguf_layout.py": "test_faults.py",  # checks of bad files: fault injection
+    "models/safetensors_layout.py": "test_faults.py",
     "specjax/training/heads.py": "test_training_heads.py",
 }
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import sys
 import sysconfig
 from pathlib import Path
 
 import numpy as np
 
+from specjax.files import atomic_path, damaged, read_json, write_json_atomically
 from specjax_models.tokenizer import BOS_ID, EOS_ID
 
 EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests",
@@ -55,10 +55,10 @@ class Corpus:
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        np.save(directory / "train.npy", self.train)
-        np.save(directory / "heldout.npy", self.heldout)
-        (directory / "manifest.json").write_text(json.dumps(self.manifest, indent=1))
+        for name, stream in (("train.npy", self.train), ("heldout.npy", self.heldout)):
+            with atomic_path(directory / name) as temporary:
+                np.save(temporary, stream)
+        write_json_atomically(directory / "manifest.json", self.manifest)  # last: complete
 
     @classmethod
     def load(cls, directory: Path) -> Corpus:
@@ -66,8 +66,14 @@ class Corpus:
         if not (directory / "manifest.json").exists():
             raise FileNotFoundError(f"no corpus in {directory}: build one with "
                                     "specjax_models.recipes.stdlib_corpus.build_corpus().save(directory)")
-        return cls(np.load(directory / "train.npy"), np.load(directory / "heldout.npy"),
-                   json.loads((directory / "manifest.json").read_text()))
+        streams = []
+        for name in ("train.npy", "heldout.npy"):
+            try:
+                streams.append(np.load(directory / name, allow_pickle=False))
+            except (OSError, ValueError, EOFError) as error:
+                raise damaged(directory / name, f"cannot be read ({error})",
+                              "build the corpus again") from None
+        return cls(*streams, read_json(directory / "manifest.json", "build the corpus again"))
 
 
 def _encode_documents(root: Path, files: list[str]) -> np.ndarray:

@@ -107,20 +107,23 @@ def _drafter_data(args, target, corpus, out):
     """Self-distillation data: corpus prompts continued by the target (cached in
     OUT/data.npz, so a resumed run reuses it)."""
     import jax
-    import numpy as np
 
     import specjax_models.recipes.stdlib_corpus as corpus_lib
+    from specjax.files import load_npz, save_npz_atomically
     from specjax.training import self_distillation_data
 
     path = out / "data.npz"
     wanted = {"sequences": args.sequences, "prompt_len": args.prompt_len,
               "seq_len": args.seq_len, "seed": args.seed,
               "data_temperature": args.data_temperature}
-    if path.exists():
-        with np.load(path) as saved:
-            if json.loads(str(saved["settings"])) == wanted:
-                say(f"reusing the generated data in {path}")
-                return saved["train"], saved["heldout"]
+    if path.exists():  # written atomically: complete, or damaged by something else
+        saved = load_npz(path, "delete it, and the next run generates the data again")
+        if set(saved) != {"train", "heldout", "settings"}:
+            raise CliError(f"{path} is not data this command wrote (it holds "
+                           f"{sorted(saved)}); use another --out or delete it")
+        if json.loads(str(saved["settings"])) == wanted:
+            say(f"reusing the generated data in {path}")
+            return saved["train"], saved["heldout"]
         raise CliError(f"{path} was generated with other settings; use another --out or "
                        "delete it")
     new_tokens = args.seq_len - args.prompt_len
@@ -141,8 +144,7 @@ def _drafter_data(args, target, corpus, out):
     heldout = self_distillation_data(target, held_prompts, new_tokens,
                                      key=jax.random.fold_in(key, 1),
                                      temperature=args.data_temperature)
-    out.mkdir(parents=True, exist_ok=True)
-    np.savez(path, train=train, heldout=heldout, settings=json.dumps(wanted))
+    save_npz_atomically(path, train=train, heldout=heldout, settings=json.dumps(wanted))
     return train, heldout
 
 
@@ -160,6 +162,7 @@ def run(args) -> int:
     from pathlib import Path
 
     import specjax_models
+    from specjax.files import read_json, write_json_atomically
     from specjax.training import HeadTrainConfig, train_head
     from specjax_models.heads import create_head
 
@@ -198,9 +201,9 @@ def run(args) -> int:
 
 
     seconds = time.perf_counter() - started
-    earlier = (json.loads((out / "metadata.json").read_text())
+    earlier = (read_json(out / "metadata.json", "delete it to start its totals afresh")
                if (out / "metadata.json").exists() else {})
-    (out / "metadata.json").write_text(json.dumps({
+    write_json_atomically(out / "metadata.json", {
         "kind": "train-drafter", "method": args.method, "steps_done": steps,
         "args": recorded_options(args), "heldout_loss": result.heldout_loss,
         "heldout_acceptance": acceptance, "train_sequences": int(len(train)),
@@ -209,7 +212,7 @@ def run(args) -> int:
         "train_seconds_total": round(earlier.get("train_seconds_total", earlier.get(
             "train_seconds_this_run", 0.0)) + seconds, 1),
         "device": device_line(),
-        "command": "specjax " + " ".join(sys.argv[1:])}, indent=1) + "\n")
+        "command": "specjax " + " ".join(sys.argv[1:])})
     shown = ", ".join(f"{k} {v:.3f}" for k, v in acceptance.items())
     print(f"trained {steps} steps; held-out expected acceptance at t=1: {shown}; saved to "
           f"{out}")
@@ -251,6 +254,7 @@ def _train_chat_drafter(args) -> int:
 
     import specjax_models
     from specjax.drafters import eagle3_feature_layers
+    from specjax.files import write_json_atomically
     from specjax_models.recipes.smollm2_draft import train_chat_draft, write_draft_card
     from specjax_models.recipes.smollm2_head import (
         ChatDataConfig,
@@ -316,7 +320,7 @@ def _train_chat_drafter(args) -> int:
         "data_seconds_this_run": round(data_seconds, 1),
         "device": device_line(),
         "command": "specjax " + " ".join(sys.argv[1:])})
-    (out / "metadata.json").write_text(json.dumps(metadata, indent=1) + "\n")
+    write_json_atomically(out / "metadata.json", metadata)
     (write_draft_card if args.method == "draft" else write_model_card)(out, work)
     last = metadata["last_eval"] or {}
     shown = ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k.startswith("acceptance@"))

@@ -22,7 +22,6 @@ and EAGLE-2 dynamic trees (top-k, grown by `specjax.dynamic_trees`). All are exa
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import ClassVar
 
@@ -53,6 +52,14 @@ from specjax.drafters.feature_head import (
     init_head_params,
 )
 from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.files import (
+    check_arrays,
+    damaged,
+    load_npz,
+    read_json,
+    save_npz_atomically,
+    write_json_atomically,
+)
 from specjax.sampling import (
     SamplingConfig,
     SamplingParams,
@@ -176,14 +183,28 @@ class Eagle:
     @classmethod
     def load(cls, directory: str | Path, embedding: Array, lm_head: Array,
              method: str = "sample") -> Eagle:
-        kind, config, params = load_head(directory)
+        kind, fields, params = load_head(directory)
         if kind != "eagle":
             raise ValueError(f"{directory} holds a {kind} head, not an EAGLE/MTP head; load "
                              f"it with specjax.drafters.{kind.capitalize()}.load")
+        directory = Path(directory)
+        config = head_config_from(directory, fields)
         draft_vocab = params.pop(DRAFT_VOCAB_KEY, None)
+        expected = {name: value.shape for name, value in
+                    jax.eval_shape(lambda: init_head_params(config, jax.random.key(0))).items()}
+        check_arrays(directory / "head.npz", params, expected, HEAD_REMEDY)
+        if draft_vocab is not None and (draft_vocab.ndim != 1 or
+                                        not np.issubdtype(draft_vocab.dtype, np.integer)):
+            raise damaged(directory / "head.npz", f"its draft vocabulary is {draft_vocab.dtype}"
+                          f" {draft_vocab.shape}, expected a list of token ids", HEAD_REMEDY)
+        if embedding.shape[1] != config.d_model or lm_head.shape[1] != config.d_model:
+            raise ValueError(f"the head in {directory} was trained on a target of width "
+                             f"{config.d_model}; this target's embedding is "
+                             f"{tuple(embedding.shape)}: load it onto the target it was "
+                             "trained for")
+        params = {name: jnp.asarray(value) for name, value in params.items()}
         lm_head, draft_vocab = _restrict(jnp.asarray(lm_head), draft_vocab)
-        return cls(params, jnp.asarray(embedding), lm_head, FeatureHeadConfig.from_dict(config),
-                   method, draft_vocab)
+        return cls(params, jnp.asarray(embedding), lm_head, config, method, draft_vocab)
 
     # -- host-side checks --------------------------------------------------------------------
     def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
@@ -405,22 +426,38 @@ def most_frequent_tokens(tokens, size: int) -> np.ndarray:
     return np.sort(order[:min(size, counts.size)])
 
 
+HEAD_REMEDY = "train the head again (specjax train-drafter) or copy a complete one"
+
+
 def save_head(directory: str | Path, kind: str, config: dict, params: dict) -> None:
-    """`head.json` ({"kind", "config"}) and `head.npz` (the parameters) in `directory`."""
+    """`head.npz` (the parameters) then `head.json` ({"kind", "config"}) in `directory`,
+    each written atomically (a killed save leaves the previous head or none)."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "head.json").write_text(json.dumps({"kind": kind, "config": config},
-                                                    indent=1) + "\n")
-    np.savez(directory / "head.npz", **_weights_dict(params))
+    save_npz_atomically(directory / "head.npz", **_weights_dict(params))
+    write_json_atomically(directory / "head.json", {"kind": kind, "config": config})
 
 
 def load_head(directory: str | Path) -> tuple[str, dict, dict]:
-    """`(kind, config dict, params)` saved by `save_head`."""
+    """`(kind, config dict, params as numpy arrays)` saved by `save_head`; a damaged or
+    incomplete head is a ValueError naming the file."""
     directory = Path(directory)
     if not (directory / "head.json").exists():
         raise FileNotFoundError(f"no trained head at {directory} (expected head.json and "
                                 "head.npz, as `specjax train-drafter` writes)")
-    meta = json.loads((directory / "head.json").read_text())
-    with np.load(directory / "head.npz") as data:
-        params = {name: jnp.asarray(data[name]) for name in data.files}
-    return meta["kind"], meta["config"], params
+    meta = read_json(directory / "head.json", HEAD_REMEDY)
+    if meta.get("kind") not in ("eagle", "medusa") or not isinstance(meta.get("config"), dict):
+        raise damaged(directory / "head.json", f"names kind {meta.get('kind')!r} with config "
+                      f"{type(meta.get('config')).__name__}, expected kind 'eagle' or "
+                      "'medusa' and a config object", HEAD_REMEDY)
+    if not (directory / "head.npz").exists():
+        raise FileNotFoundError(f"{directory} has head.json but no head.npz (an incomplete "
+                                f"copy?); {HEAD_REMEDY}")
+    return meta["kind"], meta["config"], load_npz(directory / "head.npz", HEAD_REMEDY)
+
+
+def head_config_from(directory: Path, fields: dict) -> FeatureHeadConfig:
+    try:
+        return FeatureHeadConfig.from_dict(fields)
+    except (TypeError, ValueError) as error:
+        raise damaged(directory / "head.json", f"holds a config this version cannot build "
+                      f"({error})", HEAD_REMEDY) from None

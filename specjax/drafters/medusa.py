@@ -29,8 +29,14 @@ from jax import Array
 from specjax.causal_lm import CausalLM
 from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.drafters.draft_model import DRAFT_METHODS
-from specjax.drafters.eagle import accepted_feature_index, load_head, save_head
+from specjax.drafters.eagle import (
+    HEAD_REMEDY,
+    accepted_feature_index,
+    load_head,
+    save_head,
+)
 from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.files import check_arrays, damaged
 from specjax.sampling import (
     SamplingConfig,
     SamplingParams,
@@ -115,11 +121,22 @@ class Medusa:
 
     @classmethod
     def load(cls, directory: str | Path, lm_head: Array, method: str = "greedy") -> Medusa:
-        kind, _, params = load_head(directory)
+        kind, fields, params = load_head(directory)
         if kind != "medusa":
             raise ValueError(f"{directory} holds a {kind} head, not Medusa heads; load it "
                              "with specjax.drafters.Eagle.load")
-        return cls(params, jnp.asarray(lm_head), method)
+        heads, d_model = fields.get("num_heads"), fields.get("d_model")
+        if not all(isinstance(v, int) and v >= 1 for v in (heads, d_model)):
+            raise damaged(Path(directory) / "head.json", f"gives num_heads {heads!r} and "
+                          f"d_model {d_model!r}, expected positive integers", HEAD_REMEDY)
+        check_arrays(Path(directory) / "head.npz", params,
+                     {"w": (heads, d_model, d_model), "b": (heads, d_model)}, HEAD_REMEDY)
+        if lm_head.shape[1] != d_model:
+            raise ValueError(f"the Medusa heads in {directory} were trained on a target of "
+                             f"width {d_model}; this target's LM head is "
+                             f"{tuple(lm_head.shape)}: load them onto their target")
+        return cls({name: jnp.asarray(value) for name, value in params.items()},
+                   jnp.asarray(lm_head), method)
 
     # -- host-side checks --------------------------------------------------------------------
     def check(self, target: CausalLM, sampling: SamplingConfig) -> None:

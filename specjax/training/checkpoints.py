@@ -1,13 +1,21 @@
 """What makes a training run resumable: orbax checkpoints of (params, optimizer state) at
-a step, and the metrics history beside them (one JSON line per logged step)."""
+a step, and the metrics history beside them (one JSON line per logged step).
+
+A run killed at any moment resumes as if uninterrupted: orbax writes each checkpoint under
+a temporary name and renames it when complete (a checkpoint a kill interrupted is never
+restored), the batch of step s is a pure function of (seed, s), and the history is cut
+back to the restored step."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+
+from specjax.files import damaged, write_text_atomically
 
 HISTORY_FILE = "history.jsonl"
 
@@ -35,14 +43,33 @@ def save(manager: ocp.CheckpointManager, step: int, params, opt_state) -> None:
 
 
 def read_history(directory: Path, up_to_step: int) -> list[dict]:
-    """The logged entries up to `up_to_step` (later ones belong to an unsaved stretch)."""
+    """The logged entries up to `up_to_step`, the step a resumed run restarts from, and the
+    history file cut back to them (atomically): later entries belong to a stretch whose
+    checkpoint was never completed, which the resumed run logs again. A last line cut
+    short by a kill is dropped; a damaged line before it is a ValueError naming the file."""
     history_file = Path(directory) / HISTORY_FILE
     if not history_file.exists():
         return []
-    entries = map(json.loads, history_file.read_text().splitlines())
-    return [entry for entry in entries if entry["step"] <= up_to_step]
+    lines = history_file.read_text().splitlines()
+    entries = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):  # the write a kill interrupted
+                break
+            raise damaged(history_file, f"line {number} is not JSON",
+                          "delete the file (the run's metrics history) to continue") from None
+        if entry["step"] <= up_to_step:
+            entries.append(entry)
+    write_text_atomically(history_file, "".join(json.dumps(e) + "\n" for e in entries))
+    return entries
 
 
 def append_history(directory: Path, entry: dict) -> None:
+    """One JSON line, written with a single call and flushed to disk: a kill leaves at
+    most the last line cut short, which `read_history` drops."""
     with open(Path(directory) / HISTORY_FILE, "a") as f:
         f.write(json.dumps(entry) + "\n")
+        f.flush()
+        os.fsync(f.fileno())

@@ -60,7 +60,9 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
     if checkpoint_dir is not None:
         manager = checkpoints.checkpoint_manager(checkpoint_dir)
         restored = checkpoints.restore_latest(manager, params, opt_state)
-        if restored is not None:
+        if restored is None:  # a run killed before its first complete checkpoint
+            checkpoints.read_history(checkpoint_dir, 0)  # starts its history afresh
+        else:
             params, opt_state, start = restored
             history = checkpoints.read_history(checkpoint_dir, start)
             bar.note(f"resuming from step {start} of {config.steps} (checkpoints in "
