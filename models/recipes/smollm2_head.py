@@ -33,6 +33,7 @@ import numpy as np
 
 import specjax
 from specjax.drafters.eagle import most_frequent_tokens
+from specjax.files import read_json, write_json_atomically, write_text_atomically
 from specjax.training import (
     HeadTrainConfig,
     TrainConfig,
@@ -136,8 +137,9 @@ def prepare_chat_data(target, tokenizer, work_dir: str | Path, feature_layers: t
     chunks.mkdir(parents=True, exist_ok=True)
     settings = work_dir / "settings.json"
     if settings.exists():
-        _check_growth(ChatDataConfig(**json.loads(settings.read_text())), config, work_dir)
-    settings.write_text(json.dumps(dataclasses.asdict(config), sort_keys=True))
+        _check_growth(ChatDataConfig(**read_json(settings, "delete the work directory")),
+                      config, work_dir)
+    write_json_atomically(settings, dataclasses.asdict(config))
     log = work_dir / "log.txt"
     # The weights are an argument: closed over, they would be folded into the program.
     cache = jax.jit(lambda params, tokens: cache_target_outputs(
@@ -281,10 +283,9 @@ def write_run_record(out_dir: Path, metadata: dict, history: list[dict]) -> dict
     whole `history.jsonl` of a training run in `out_dir`; returns the metadata."""
     metadata = {**metadata, "last_eval": next((h for h in reversed(history)
                                                if "acceptance@1" in h), None)}
-    (out_dir / "metadata.json").write_text(json.dumps(metadata, indent=1) + "\n")
-    with open(out_dir / "history.jsonl", "w") as f:
-        for entry in history:
-            f.write(json.dumps(entry) + "\n")
+    write_json_atomically(out_dir / "metadata.json", metadata)
+    write_text_atomically(out_dir / "history.jsonl",
+                          "".join(json.dumps(entry) + "\n" for entry in history))
     return metadata
 
 
