@@ -34,7 +34,8 @@ import specjax
 from specjax_models.gguf_layout import check_gguf_layout
 from specjax_models.hf import config_from_hf
 from specjax_models.hf_tokenizer import HFTokenizer
-from specjax_models.transformer import ParamFiller, Transformer, TransformerConfig
+from specjax_models.model_cache import cached_model, cached_tokenizer
+from specjax_models.transformer import ParamFiller, Transformer, TransformerConfig, dtype_name
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -193,7 +194,8 @@ def gguf_config(path: str | Path, dtype=None) -> TransformerConfig:
 
 
 @_naming_the_file
-def from_gguf(path: str | Path, dtype=None, scan_layers: bool = False) -> specjax.CausalLM:
+def from_gguf(path: str | Path, dtype=None, scan_layers: bool = False, *,
+              cache: bool | None = None) -> specjax.CausalLM:
     """Load a GGUF file (Llama or Qwen2 architecture) as a `specjax.CausalLM`.
 
     Args:
@@ -202,7 +204,20 @@ def from_gguf(path: str | Path, dtype=None, scan_layers: bool = False) -> specja
         parameters and the compute; quantised weights are dequantised first.
       scan_layers: scan over stacked layers (compile time independent of depth; see
         `TransformerConfig.scan_layers` for its cost on CPU).
+      cache: keep the dequantised weights in the per-user model cache
+        (`specjax_models.model_cache`), so the next load skips the conversion; default:
+        on unless `$SPECJAX_MODEL_CACHE` is off.
     """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (pass the path of a .gguf file)")
+    options = {"dtype": "default" if dtype is None else dtype_name(dtype)}
+    return cached_model("gguf", [path], options,
+                        lambda layers: _convert_gguf(path, dtype, layers), scan_layers, cache)
+
+
+def _convert_gguf(path: Path, dtype, scan_layers: bool):
+    """`(CausalLM, TransformerConfig)` read and dequantised from the file."""
     reader = _reader(path)
     meta = _metadata(reader)
     tensors = {t.name: t for t in reader.tensors}
@@ -234,7 +249,7 @@ def from_gguf(path: str | Path, dtype=None, scan_layers: bool = False) -> specja
     if unused:
         raise ValueError(f"the GGUF file has tensors this architecture does not use: "
                          f"{unused[:5]}{' ...' if len(unused) > 5 else ''}")
-    return specjax.CausalLM.from_nnx(nnx.merge(graphdef, filler.state()))
+    return specjax.CausalLM.from_nnx(nnx.merge(graphdef, filler.state())), config
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -265,9 +280,18 @@ def _pre_tokenizer(kind: str):
 
 
 @_naming_the_file
-def gguf_tokenizer(path: str | Path) -> HFTokenizer:
+def gguf_tokenizer(path: str | Path, *, cache: bool | None = None) -> HFTokenizer:
     """The tokenizer a GGUF file describes (byte-level BPE: `tokenizer.ggml.model` gpt2),
-    with its control tokens kept whole, its special ids, and its chat template."""
+    with its control tokens kept whole, its special ids, and its chat template. `cache`:
+    keep the built tokenizer in the per-user model cache (default: on unless
+    `$SPECJAX_MODEL_CACHE` is off)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (pass the path of a .gguf file)")
+    return cached_tokenizer("gguf-tokenizer", [path], lambda: _build_tokenizer(path), cache)
+
+
+def _build_tokenizer(path: Path) -> HFTokenizer:
     from tokenizers import AddedToken, Tokenizer, decoders, models
 
     meta = _metadata(_reader(path))

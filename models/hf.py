@@ -33,6 +33,7 @@ from flax import nnx
 
 import specjax
 from specjax.files import read_json
+from specjax_models.model_cache import cached_model
 from specjax_models.safetensors_layout import checkpoint_files
 from specjax_models.transformer import (
     ParamFiller,
@@ -291,8 +292,8 @@ def _to_ours(array: np.ndarray, transform) -> np.ndarray:
 
 # ---------------------------------------------------------------- loading
 
-def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False
-                    ) -> specjax.CausalLM:
+def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False, *,
+                    cache: bool | None = None) -> specjax.CausalLM:
     """Load a local Hugging Face checkpoint directory as a `specjax.CausalLM`.
 
     Args:
@@ -303,14 +304,34 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False
         checkpoint's own dtype (bfloat16 stays bfloat16).
       scan_layers: scan over stacked layers (compile time independent of depth; see
         `TransformerConfig.scan_layers` for its cost on CPU).
+      cache: keep the converted weights in the per-user model cache
+        (`specjax_models.model_cache`). Default: only where loading converts (a sharded
+        checkpoint, or a dtype other than the checkpoint's), unless `$SPECJAX_MODEL_CACHE`
+        is off; True or False decide for any checkpoint.
     """
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json: pass a Hugging Face model "
                                 "directory (e.g. from huggingface_hub.snapshot_download)")
-    config = config_from_hf(read_json(path / "config.json", "download it again"), dtype)
-    config = dataclasses.replace(config, scan_layers=bool(scan_layers))
+    hf_config = read_json(path / "config.json", "download it again")
+    config_from_hf(hf_config, dtype)  # refuses what it cannot build before anything else
     file_of = checkpoint_files(path)  # every file's header checked against its size
+    shards = sorted(set(file_of.values()))
+    converts = len(shards) > 1 or (dtype is not None and
+                                   dtype_name(dtype) != hf_config.get("torch_dtype"))
+    if cache is None and not converts:
+        cache = False
+    options = {"dtype": "default" if dtype is None else dtype_name(dtype)}
+    sources = [path / "config.json", *(path / name for name in shards)]
+    return cached_model("hf", sources, options,
+                        lambda layers: _convert_pretrained(path, hf_config, file_of, dtype,
+                                                           layers), scan_layers, cache)
+
+
+def _convert_pretrained(path: Path, hf_config: dict, file_of: dict, dtype, scan_layers: bool):
+    """`(CausalLM, TransformerConfig)` read from the checkpoint's safetensors files."""
+    config = dataclasses.replace(config_from_hf(hf_config, dtype),
+                                 scan_layers=bool(scan_layers))
     available = set(file_of)
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
@@ -345,7 +366,7 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False
         raise ValueError(f"the checkpoint {path} has weights this architecture does not use: "
                          f"{unused[:5]}{' ...' if len(unused) > 5 else ''}; an option of "
                          "its config.json is not supported")
-    return specjax.CausalLM.from_nnx(nnx.merge(graphdef, filler.state()))
+    return specjax.CausalLM.from_nnx(nnx.merge(graphdef, filler.state())), config
 
 
 def save_pretrained(model, path: str | Path, dtype=None) -> Path:

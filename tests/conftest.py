@@ -11,6 +11,13 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_backend_optimization_level=0").strip()
 
+# Converted models go to a cache of this run's own (models/model_cache.py), not the user's:
+# tests stay hermetic and still take the cached path the command line takes.
+if "SPECJAX_MODEL_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["SPECJAX_MODEL_CACHE"] = tempfile.mkdtemp(prefix="specjax-test-models-")
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402

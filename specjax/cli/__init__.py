@@ -12,6 +12,7 @@ answer before they load.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from specjax.cli import chat, demo, generate, train, train_drafter
@@ -35,6 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
                                   "go to $SPECJAX_COMPILATION_CACHE or ~/.cache/specjax/jax, "
                                   "so a second run starts without compiling; "
                                   "SPECJAX_COMPILATION_CACHE=off turns it off too)")
+        command.add_argument("--no-model-cache", action="store_true",
+                             help="convert real checkpoints (GGUF weights and tokenizers) "
+                                  "afresh instead of keeping them converted on disk (by "
+                                  "default in $SPECJAX_MODEL_CACHE or "
+                                  "~/.cache/specjax/models; SPECJAX_MODEL_CACHE=off turns it "
+                                  "off too)")
     return parser
 
 
@@ -44,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         command = args.command
         compilation_cache(args)
+        if args.no_model_cache:  # read by specjax_models.model_cache when a model loads
+            os.environ["SPECJAX_MODEL_CACHE"] = "off"
         return args.handler(args)
     except (CliError, ValueError, TypeError, FileNotFoundError) as error:
         print(f"specjax {command}: error: {error}", file=sys.stderr)

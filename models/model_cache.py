@@ -1,0 +1,196 @@
+"""A per-user cache of converted models and built tokenizers, so a second start skips the
+conversion: a GGUF file's dequantisation (5 s for SmolLM2 on 2 cores), a tokenizer built
+from GGUF metadata (3 s), a Hugging Face checkpoint's transposes and casts.
+
+Where: `$SPECJAX_MODEL_CACHE`, else `$XDG_CACHE_HOME/specjax/models`
+(`~/.cache/specjax/models`), beside the compilation cache; `SPECJAX_MODEL_CACHE=off`
+(or `cache=False`, or the command line's `--no-model-cache`) turns it off.
+
+An entry is keyed by its source files' sizes, modification times and a hash of their
+first MiB (the header), and by the conversion's options (the dtype); it holds the weights
+in the requested dtype as safetensors, the model's config, and `entry.json` with every
+file's size and CRC-32, written last. An entry whose files do not match their record (a
+disk error, a half-copied cache) is removed and rebuilt, never used. An entry is built in
+a temporary folder and renamed into place when complete, so concurrent writers cannot
+leave a half-written one (the first rename wins; the other copy is discarded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+import specjax
+from specjax.compilation_cache import OFF_VALUES
+from specjax.files import damaged
+
+ENV_VAR = "SPECJAX_MODEL_CACHE"
+FORMAT_VERSION = 1
+HEADER_BYTES = 1 << 20  # the part of a source file hashed into its key
+ENTRY = "entry.json"
+
+
+def default_model_cache_dir() -> Path:
+    chosen = os.environ.get(ENV_VAR, "").strip()
+    if chosen and chosen.lower() not in OFF_VALUES:
+        return Path(chosen).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "specjax" / "models"
+
+
+def model_cache_enabled(cache: bool | None) -> bool:
+    """`cache` when given, else on unless `$SPECJAX_MODEL_CACHE` is 0 / off / false / no."""
+    if cache is not None:
+        return bool(cache)
+    return os.environ.get(ENV_VAR, "").strip().lower() not in OFF_VALUES
+
+
+def source_key(kind: str, sources: list[Path], options: dict) -> str:
+    """What identifies a conversion: each source's size, modification time and first MiB,
+    the options, and this cache's format."""
+    digest = hashlib.sha256(f"{kind}:{FORMAT_VERSION}:{sorted(options.items())}".encode())
+    for source in sources:
+        stat = source.stat()
+        digest.update(f"{source.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        with open(source, "rb") as handle:
+            digest.update(handle.read(HEADER_BYTES))
+    return digest.hexdigest()[:32]
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _verified(folder: Path) -> bool:
+    """True when the entry's record is whole and every file matches its size and CRC-32;
+    a damaged entry is removed (so the caller rebuilds it)."""
+    try:
+        record = json.loads((folder / ENTRY).read_text())
+        files = record["files"]
+        good = record.get("format") == FORMAT_VERSION and all(
+            (folder / name).stat().st_size == meta["size"] and _crc32(folder / name) ==
+            meta["crc32"] for name, meta in files.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        good = False
+    if not good:
+        shutil.rmtree(folder, ignore_errors=True)
+    return good
+
+
+def _publish(folder: Path, write: Callable[[Path], None]) -> None:
+    """Build an entry in a temporary folder beside `folder`, record its files, then rename
+    it into place (atomic; if another process got there first, its entry is kept)."""
+    folder.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        write(staging)
+        files = {p.name: {"size": p.stat().st_size, "crc32": _crc32(p)}
+                 for p in sorted(staging.iterdir())}
+        (staging / ENTRY).write_text(json.dumps({"format": FORMAT_VERSION,
+                                                 "files": files}, indent=1))
+        try:
+            os.rename(staging, folder)
+        except OSError:  # an entry appeared meanwhile (another process): keep that one
+            pass
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def cached_model(kind: str, sources: list[Path], options: dict, build: Callable,
+                 scan_layers: bool, cache: bool | None) -> specjax.CausalLM:
+    """The model `build(scan_layers)` converts (returning `(CausalLM, TransformerConfig)`),
+    from the cache when an intact entry exists, else built and stored."""
+    from specjax_models.transformer import TransformerConfig
+
+    if not model_cache_enabled(cache):
+        return build(scan_layers)[0]
+    folder = default_model_cache_dir() / f"{kind}-{source_key(kind, sources, options)}"
+    if (folder / ENTRY).exists() and _verified(folder):
+        fields = json.loads((folder / "config.json").read_text())
+        config = TransformerConfig(**dict(fields, scan_layers=False))
+        return _load_weights(folder / "weights.safetensors", config, scan_layers)
+    lm, config = build(scan_layers)
+
+    def write(staging: Path) -> None:
+        from flax import nnx
+        from safetensors.numpy import save_file
+
+        from specjax_models.transformer import per_layer_params
+
+        flat = {".".join(str(p) for p in key): np.asarray(leaf.get_value())
+                for key, leaf in nnx.to_flat_state(lm.params)}
+        save_file(per_layer_params(flat), str(staging / "weights.safetensors"))
+        (staging / "config.json").write_text(json.dumps(dataclasses.asdict(config)))
+
+    try:
+        _publish(folder, write)
+    except OSError as error:  # a full or read-only disk: run without caching
+        warnings.warn(f"specjax: model cache entry not written ({error})", stacklevel=2)
+    return lm
+
+
+def _load_weights(path: Path, config, scan_layers: bool) -> specjax.CausalLM:
+    from safetensors.numpy import load_file
+
+    try:
+        arrays = load_file(str(path))
+    except Exception as error:  # verified just before: only a concurrent deletion gets here
+        raise damaged(path, f"cannot be read ({error})", "delete the model cache entry") \
+            from None
+    return _build(arrays, config, scan_layers)
+
+
+def _build(arrays: dict, config, scan_layers: bool) -> specjax.CausalLM:
+    from flax import nnx
+
+    from specjax_models.transformer import ParamFiller, Transformer
+
+    config = dataclasses.replace(config, scan_layers=bool(scan_layers))
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+    filler = ParamFiller(abstract_params, config.storage_dtype)
+    for name, _ in filler.targets():
+        filler.set(name, arrays[name])
+    return specjax.CausalLM.from_nnx(nnx.merge(graphdef, filler.state()))
+
+
+def cached_tokenizer(kind: str, sources: list[Path], build: Callable, cache: bool | None):
+    """The `HFTokenizer` `build()` makes, from the cache when an intact entry exists."""
+    from specjax_models.hf_tokenizer import HFTokenizer
+
+    if not model_cache_enabled(cache):
+        return build()
+    folder = default_model_cache_dir() / f"{kind}-{source_key(kind, sources, {})}"
+    if (folder / ENTRY).exists() and _verified(folder):
+        from tokenizers import Tokenizer
+
+        meta = json.loads((folder / "tokenizer_meta.json").read_text())
+        return HFTokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")), **meta)
+    tokenizer = build()
+
+    def write(staging: Path) -> None:
+        tokenizer._tokenizer.save(str(staging / "tokenizer.json"))
+        (staging / "tokenizer_meta.json").write_text(json.dumps({
+            "eos_ids": tokenizer.eos_ids, "bos_id": tokenizer.bos_id,
+            "pad_id": tokenizer.pad_id, "chat_template": tokenizer.chat_template,
+            "special_tokens": tokenizer._special}))
+
+    try:
+        _publish(folder, write)
+    except OSError as error:
+        warnings.warn(f"specjax: tokenizer cache entry not written ({error})", stacklevel=2)
+    return tokenizer
