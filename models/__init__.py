@@ -3,34 +3,34 @@ Hugging Face safetensors, GGUF), tokenizers, the bundled pair and the shipped dr
 
 What trains the shipped models (the standard-library corpus, SmolLM2's chat data, head
 and draft training, model cards) is in `specjax_models.recipes`; nothing here imports it.
+
+Public names load on first use (PEP 562), as in `specjax`: loading a GGUF file never
+imports orbax, and `import specjax_models` costs nothing until a name is used.
 """
 
-from specjax_models.bundled import (
-    DRAFT_CONFIG,
-    SMOLLM2_DRAFT,
-    SMOLLM2_HEAD,
-    TARGET_CONFIG,
-    bundled_prompts,
-    load_bundled,
-)
-from specjax_models.checkpoint import load_checkpoint, load_config, save_checkpoint
-from specjax_models.gguf import from_gguf, gguf_config, gguf_tokenizer, smollm2_path
-from specjax_models.heads import create_head, load_head_for
-from specjax_models.hf import from_pretrained, save_pretrained
-from specjax_models.hf_tokenizer import load_tokenizer
-from specjax_models.layer_draft import load_layer_draft, save_layer_draft
-from specjax_models.tokenizer import ByteTokenizer
-from specjax_models.transformer import (
-    KVCache,
-    Transformer,
-    TransformerConfig,
-    count_params,
-    embedding_and_head,
-    first_layers,
-    select_layers,
-    select_layers_config,
-    with_attention_blocks,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+# Public name -> the module that defines it.
+_SOURCES = {
+    "DRAFT_CONFIG": "bundled", "SMOLLM2_DRAFT": "bundled", "SMOLLM2_HEAD": "bundled",
+    "TARGET_CONFIG": "bundled", "bundled_prompts": "bundled", "load_bundled": "bundled",
+    "load_checkpoint": "checkpoint", "load_config": "checkpoint",
+    "save_checkpoint": "checkpoint",
+    "from_gguf": "gguf", "gguf_config": "gguf", "gguf_tokenizer": "gguf",
+    "smollm2_path": "gguf",
+    "create_head": "heads", "load_head_for": "heads",
+    "from_pretrained": "hf", "save_pretrained": "hf",
+    "load_tokenizer": "hf_tokenizer",
+    "load_layer_draft": "layer_draft", "save_layer_draft": "layer_draft",
+    "ByteTokenizer": "tokenizer",
+    "KVCache": "transformer", "Transformer": "transformer", "TransformerConfig": "transformer",
+    "count_params": "transformer", "embedding_and_head": "transformer",
+    "first_layers": "transformer", "select_layers": "transformer",
+    "select_layers_config": "transformer", "with_attention_blocks": "transformer",
+}
 
 __all__ = [
     "DRAFT_CONFIG",
@@ -64,3 +64,51 @@ __all__ = [
     "smollm2_path",
     "with_attention_blocks",
 ]
+
+
+def __getattr__(name: str):
+    if name in _SOURCES:
+        value = getattr(importlib.import_module(f"{__name__}.{_SOURCES[name]}"), name)
+    else:  # a submodule (specjax_models.transformer, .recipes, ...), imported on first use
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'specjax_models' has no attribute {name!r}") \
+                from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
+    from specjax_models.bundled import (
+        DRAFT_CONFIG,
+        SMOLLM2_DRAFT,
+        SMOLLM2_HEAD,
+        TARGET_CONFIG,
+        bundled_prompts,
+        load_bundled,
+    )
+    from specjax_models.checkpoint import load_checkpoint, load_config, save_checkpoint
+    from specjax_models.gguf import from_gguf, gguf_config, gguf_tokenizer, smollm2_path
+    from specjax_models.heads import create_head, load_head_for
+    from specjax_models.hf import from_pretrained, save_pretrained
+    from specjax_models.hf_tokenizer import load_tokenizer
+    from specjax_models.layer_draft import load_layer_draft, save_layer_draft
+    from specjax_models.tokenizer import ByteTokenizer
+    from specjax_models.transformer import (
+        KVCache,
+        Transformer,
+        TransformerConfig,
+        count_params,
+        embedding_and_head,
+        first_layers,
+        select_layers,
+        select_layers_config,
+        with_attention_blocks,
+    )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specjax_models.checkpoint import load_checkpoint
 from specjax_models.tokenizer import VOCAB_SIZE
 from specjax_models.transformer import TransformerConfig
 
@@ -60,6 +59,8 @@ def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
             f"the bundled {name} checkpoint is missing at {path}; this checkout has no trained "
             "weights. Train them with `bash models/recipes/train_bundled.sh WORK_DIR` (see "
             "docs/checkpoints.md)")
+    from specjax_models.checkpoint import load_checkpoint  # orbax: loaded when needed
+
     return load_checkpoint(path, dtype, scan_layers=scan_layers)
 
 

@@ -12,7 +12,9 @@ in the requested dtype as safetensors, the model's config, and `entry.json` with
 file's size and CRC-32, written last. An entry whose files do not match their record (a
 disk error, a half-copied cache) is removed and rebuilt, never used. An entry is built in
 a temporary folder and renamed into place when complete, so concurrent writers cannot
-leave a half-written one (the first rename wins; the other copy is discarded).
+leave a half-written one (the first rename wins; the other copy is discarded). A model's
+entry is written by a background thread, so a first load costs no more than converting:
+the disk writes overlap what follows (compiling).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 import zlib
 from collections.abc import Callable
@@ -110,15 +113,46 @@ def _publish(folder: Path, write: Callable[[Path], None]) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+# Entries being written by background threads, by folder (see `cached_model`).
+_WRITING: dict[Path, threading.Thread] = {}
+
+
+def wait_for_writes() -> None:
+    """Block until every entry this process is writing is on disk (or given up)."""
+    for thread in list(_WRITING.values()):
+        thread.join()
+
+
+def _write_in_background(folder: Path, write: Callable[[Path], None]) -> None:
+    """Publish the entry from a thread, so a first load does not wait for the disk: the
+    caller goes on (compiling, typically) while the weights are written. The thread is not
+    a daemon, so the process finishes the entry before it exits."""
+    def publish() -> None:
+        try:
+            _publish(folder, write)
+        except OSError as error:  # a full or read-only disk: run without caching
+            warnings.warn(f"specjax: model cache entry not written ({error})", stacklevel=2)
+        finally:
+            _WRITING.pop(folder, None)
+
+    thread = threading.Thread(target=publish, name=f"specjax-cache-{folder.name}")
+    _WRITING[folder] = thread
+    thread.start()
+
+
 def cached_model(kind: str, sources: list[Path], options: dict, build: Callable,
                  scan_layers: bool, cache: bool | None) -> specjax.CausalLM:
     """The model `build(scan_layers)` converts (returning `(CausalLM, TransformerConfig)`),
-    from the cache when an intact entry exists, else built and stored."""
+    from the cache when an intact entry exists, else built, returned at once and stored
+    by a background thread."""
     from specjax_models.transformer import TransformerConfig
 
     if not model_cache_enabled(cache):
         return build(scan_layers)[0]
     folder = default_model_cache_dir() / f"{kind}-{source_key(kind, sources, options)}"
+    pending = _WRITING.get(folder)
+    if pending is not None:  # this process is still writing it
+        pending.join()
     if (folder / ENTRY).exists() and _verified(folder):
         fields = json.loads((folder / "config.json").read_text())
         config = TransformerConfig(**dict(fields, scan_layers=False))
@@ -136,10 +170,7 @@ def cached_model(kind: str, sources: list[Path], options: dict, build: Callable,
         save_file(per_layer_params(flat), str(staging / "weights.safetensors"))
         (staging / "config.json").write_text(json.dumps(dataclasses.asdict(config)))
 
-    try:
-        _publish(folder, write)
-    except OSError as error:  # a full or read-only disk: run without caching
-        warnings.warn(f"specjax: model cache entry not written ({error})", stacklevel=2)
+    _write_in_background(folder, write)
     return lm
 
 

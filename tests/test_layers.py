@@ -52,6 +52,7 @@ def test_every_public_name_loads_lazily_from_the_module_that_defines_it():
     import sys
 
     import specjax
+    import specjax_models
 
     assert set(specjax.__all__) == set(specjax._SOURCES) | set(specjax._MODULES)
     for name in specjax.__all__:
@@ -60,6 +61,23 @@ def test_every_public_name_loads_lazily_from_the_module_that_defines_it():
         if defined_in is not None:
             assert getattr(sys.modules[defined_in], name) is value
     assert specjax.trees is sys.modules["specjax.trees"]  # submodules load on first use
+    assert set(specjax_models.__all__) == set(specjax_models._SOURCES)
+    for name in specjax_models.__all__:
+        value = getattr(specjax_models, name)
+        module = sys.modules[f"specjax_models.{specjax_models._SOURCES[name]}"]
+        assert getattr(module, name) is value
+
+
+def test_loading_a_gguf_file_does_not_import_orbax():
+    import subprocess
+    import sys
+
+    probe = ("import sys, specjax_models\n"
+             "specjax_models.from_gguf, specjax_models.gguf_tokenizer\n"
+             "print(any(m.startswith('orbax') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 # Modules whose tests live in a module named after their family, not after the file.

@@ -87,6 +87,7 @@ def test_a_changed_source_or_a_damaged_entry_is_rebuilt(cache_dir, source_file, 
     source.write_bytes(source_file.read_bytes())
     first = leaves(specjax_models.from_gguf(source))
     for damage in ("flip", "truncate", "record"):
+        model_cache.wait_for_writes()  # entries are written by a background thread
         (entry,) = [p for p in cache_dir.iterdir() if p.name.startswith("gguf-")]
         weights = entry / "weights.safetensors"
         data = bytearray(weights.read_bytes())
@@ -105,6 +106,7 @@ def test_a_changed_source_or_a_damaged_entry_is_rebuilt(cache_dir, source_file, 
     os.utime(source, ns=(0, 10**9))  # the same bytes, another modification time
     specjax_models.from_gguf(source)
     assert calls.count("_convert_gguf") == 5
+    model_cache.wait_for_writes()
     assert len([p for p in cache_dir.iterdir() if p.name.startswith("gguf-")]) == 2
 
 
@@ -119,6 +121,7 @@ def test_concurrent_writers_leave_one_whole_entry(cache_dir):
 
 def test_the_cache_can_be_turned_off(cache_dir, source_file, monkeypatch):
     specjax_models.from_gguf(source_file, cache=False)
+    model_cache.wait_for_writes()
     assert not cache_dir.exists()
     monkeypatch.setenv(model_cache.ENV_VAR, "off")
     specjax_models.gguf_tokenizer(source_file)
@@ -131,6 +134,7 @@ def test_a_sharded_or_cast_checkpoint_is_cached_and_a_plain_one_is_not(cache_dir
     plain = specjax_models.from_pretrained(model)
     assert not cache_dir.exists()  # nothing converted: read as it is
     cast = specjax_models.from_pretrained(model, dtype="bfloat16")
+    model_cache.wait_for_writes()
     (entry,) = cache_dir.iterdir()
     assert json.loads((entry / "config.json").read_text())["param_dtype"] == "bfloat16"
     again = specjax_models.from_pretrained(model, dtype="bfloat16")

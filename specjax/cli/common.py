@@ -50,7 +50,6 @@ def check_dir(path: str | None, option: str) -> None:
                        "written by `specjax train` or `specjax distill`)")
 
 
-
 def stream_text(target, drafter, prompt_ids, args, sampling, key, paint, eos_id,
                  cache_size=None, on_token=None, tree=None, decode=None):
     """Print one row's continuation as it is accepted. Returns the final stats, the
@@ -80,8 +79,6 @@ def stream_text(target, drafter, prompt_ids, args, sampling, key, paint, eos_id,
         stats = chunk.stats or stats
     print(flush=True)
     return stats, first_seconds, first_tokens, time.perf_counter() - start - first_seconds
-
-
 
 
 def device_line() -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from specjax.cli.common import CliError, check_dir
 
@@ -28,11 +29,10 @@ def trained_length(path: str | None, name: str) -> int | None:
 
     directory = path or specjax_models.bundled.bundled_path(name)
     try:
-        metadata = json.loads(open(os.path.join(directory, "metadata.json")).read())
+        metadata = json.loads(Path(directory, "metadata.json").read_text())
     except (OSError, ValueError):
         return None
     return (metadata.get("args") or {}).get("seq_len")
-
 
 
 def validate_decoding(args):
@@ -117,7 +117,6 @@ def parse_tree(args):
         raise CliError(f"--dynamic-tree: {error}") from None
 
 
-
 def smollm2_draft(args):
     """The SmolLM2 draft directory: --draft DIR, else the shipped distilled draft; None
     when neither exists (a --draft checkpoint without draft.json is a full model)."""
@@ -156,7 +155,6 @@ def load_smollm2():
         return specjax_models.from_gguf(path), specjax_models.gguf_tokenizer(path)
     except ImportError as error:
         raise CliError(str(error)) from None
-
 
 
 def load_head(args, choice, target):
