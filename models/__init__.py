@@ -10,8 +10,9 @@ imports orbax, and `import specjax_models` costs nothing until a name is used.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from specjax.lazy import lazy_attributes
 
 # Public name -> the module that defines it.
 _SOURCES = {
@@ -66,23 +67,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _SOURCES:
-        value = getattr(importlib.import_module(f"{__name__}.{_SOURCES[name]}"), name)
-    else:  # a submodule (specjax_models.transformer, .recipes, ...), imported on first use
-        try:
-            value = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as error:
-            if error.name != f"{__name__}.{name}":
-                raise
-            raise AttributeError(f"module 'specjax_models' has no attribute {name!r}") \
-                from None
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_attributes(
+    __name__, {name: f"{__name__}.{module}" for name, module in _SOURCES.items()}, globals())
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports

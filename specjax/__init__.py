@@ -8,8 +8,9 @@ work as with eager imports.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from specjax.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -78,22 +79,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _SOURCES:
-        value = getattr(importlib.import_module(_SOURCES[name]), name)
-    else:  # a submodule (specjax.analysis, specjax.trees, ...), imported on first use
-        try:
-            value = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as error:
-            if error.name != f"{__name__}.{name}":
-                raise
-            raise AttributeError(f"module 'specjax' has no attribute {name!r}") from None
-    globals()[name] = value  # later lookups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_attributes(__name__, _SOURCES, globals())
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports

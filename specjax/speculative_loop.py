@@ -166,6 +166,20 @@ def _generated_tokens(state: SpeculativeState, pad_id: Array) -> Array:
     return jnp.where(index_BS < state.lengths[:, None], tokens_BS, pad_id)
 
 
+def start_decoding(target: CausalLM, draft, prompts, *, max_new_tokens: int,
+                   num_draft_tokens, sampling, key, eos_id, prompt_lengths, pad_id,
+                   cache_size, tree):
+    """What `speculative_generate` and `speculative_stream` do before their first step:
+    `(config, pad_id, state, drafter)`, every input checked and both models prefilled."""
+    config = speculative_config(num_draft_tokens, sampling, tree)
+    pad_id = check_pad_id(pad_id)
+    state, drafter = init_speculative_state(
+        target, draft, prompts, max_new_tokens=max_new_tokens,
+        num_draft_tokens=config.num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
+        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree)
+    return config, pad_id, state, drafter
+
+
 @dataclasses.dataclass(frozen=True)
 class SpeculativeOutput:
     """`tokens` int32 [B, max_new_tokens] and `lengths` int32 [B] exactly as `generate`
@@ -207,12 +221,10 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
       `SpeculativeOutput(tokens [B, max_new_tokens], lengths [B], stats)`. A block that
       overshoots `max_new_tokens` is cut; an EOS inside an accepted block ends the row there.
     """
-    config = speculative_config(num_draft_tokens, sampling, tree)
-    pad_id = check_pad_id(pad_id)
-    state, drafter = init_speculative_state(
+    config, pad_id, state, drafter = start_decoding(
         target, draft, prompts, max_new_tokens=max_new_tokens,
-        num_draft_tokens=config.num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
-        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree)
+        num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
+        prompt_lengths=prompt_lengths, pad_id=pad_id, cache_size=cache_size, tree=tree)
     params = sampling_params(config.sampling, state.lengths.shape[0])
     state = _speculative_loop(target, drafter, state, compile_key(config, params), params)
     tokens = first_columns(_generated_tokens(state, jnp.int32(pad_id)), max_new_tokens)

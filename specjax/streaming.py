@@ -18,9 +18,8 @@ import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM
-from specjax.inputs import check_pad_id
 from specjax.sampling import SamplingConfig, sampling_params
-from specjax.speculative_loop import init_speculative_state, speculative_config
+from specjax.speculative_loop import start_decoding
 from specjax.stats import SpeculativeStats
 from specjax.step import SpeculativeState, compile_key, compiled_step
 
@@ -64,12 +63,10 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
     `tree` too); `pad_id` fills each chunk's `block` array after the row's new tokens
     (`block` is [B, D + 1] for a tree of depth D).
     """
-    config = speculative_config(num_draft_tokens, sampling, tree)
-    pad_id = check_pad_id(pad_id)
-    state, drafter = init_speculative_state(
+    config, pad_id, state, drafter = start_decoding(
         target, draft, prompts, max_new_tokens=max_new_tokens,
-        num_draft_tokens=config.num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
-        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree)
+        num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
+        prompt_lengths=prompt_lengths, pad_id=pad_id, cache_size=cache_size, tree=tree)
     # A step commits at most one token per accepted depth, plus one.
     width = (config.num_draft_tokens if tree is None else tree.max_depth) + 1
     params = sampling_params(config.sampling, state.lengths.shape[0])

@@ -10,6 +10,7 @@ from specjax.cli.common import (
     CliError,
     add_colour_option,
     add_prefill_chunk_option,
+    add_prompt_lookup_options,
     add_sampling,
     painter,
     say,
@@ -54,10 +55,7 @@ def register(sub) -> None:
     ch.add_argument("--min-confidence", type=float, default=None, metavar="C",
                     help="--drafter model / eagle3: verify only the leading drafts whose "
                          "cumulative draft probability reaches C (default: all K)")
-    ch.add_argument("--max-ngram-size", type=int, default=3,
-                    help="prompt lookup: longest n-gram matched (default: %(default)s)")
-    ch.add_argument("--min-ngram-size", type=int, default=2,
-                    help="prompt lookup: shortest n-gram matched (default: %(default)s)")
+    add_prompt_lookup_options(ch)
     add_colour_option(ch)
     add_prefill_chunk_option(ch)
     ch.set_defaults(handler=run)

@@ -124,6 +124,13 @@ def add_colour_option(parser) -> None:
                         help=COLOUR_HELP)
 
 
+def add_prompt_lookup_options(parser) -> None:
+    parser.add_argument("--max-ngram-size", type=int, default=3,
+                        help="prompt lookup: longest n-gram matched (default: %(default)s)")
+    parser.add_argument("--min-ngram-size", type=int, default=2,
+                        help="prompt lookup: shortest n-gram matched (default: %(default)s)")
+
+
 def add_prefill_chunk_option(parser) -> None:
     parser.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                         help="prefill prompts longer than N tokens in chunks of N (bounded "

@@ -11,6 +11,7 @@ from specjax.cli.common import (
     CliError,
     add_colour_option,
     add_prefill_chunk_option,
+    add_prompt_lookup_options,
     add_sampling,
     painter,
     say,
@@ -75,10 +76,7 @@ def register(sub) -> None:
     gen.add_argument("--head", default=None,
                      help="a feature head trained by `specjax train-drafter` for --drafter "
                           "medusa/eagle/eagle3/mtp (default: the bundled target's)")
-    gen.add_argument("--max-ngram-size", type=int, default=3,
-                     help="prompt lookup: longest n-gram matched (default: %(default)s)")
-    gen.add_argument("--min-ngram-size", type=int, default=2,
-                     help="prompt lookup: shortest n-gram matched (default: %(default)s)")
+    add_prompt_lookup_options(gen)
     gen.add_argument("--no-speculation", action="store_true",
                      help="plain autoregressive decoding of the target")
     gen.add_argument("--no-eos", action="store_true",
