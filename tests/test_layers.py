@@ -5,6 +5,8 @@ specjax imports."""
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -68,6 +70,7 @@ def test_every_public_name_loads_lazily_from_the_module_that_defines_it():
         assert getattr(module, name) is value
 
 
+@pytest.mark.slow  # a fresh process importing jax
 def test_loading_a_gguf_file_does_not_import_orbax():
     import subprocess
     import sys

@@ -20,6 +20,7 @@ def test_interleaved_medians_alternate_the_timers_at_least_five_times():
     assert calls == ["a", "b"] * 5  # alternated, and never fewer than five rounds
 
 
+@pytest.mark.slow  # four decode loops compiled
 def test_step_costs_time_each_forward_the_loop_runs(tiny_lm, close_draft):
     costs = step_costs(tiny_lm, close_draft, 2, [1, 3], reps=1, cache_slots=32, position=8)
     assert set(costs) == {"target", "draft", 2, 4}
