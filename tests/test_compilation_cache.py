@@ -132,7 +132,9 @@ _SCRIPT = textwrap.dedent("""
     import specjax, specjax_models
     events = []
     jax.monitoring.register_event_listener(lambda name, **kw: events.append(name))
-    folder = specjax.enable_compilation_cache(sys.argv[1])
+    # Every program stored: with the default threshold, one that compiled in under 0.2 s
+    # on a busy machine was not written, and the second process missed it.
+    folder = specjax.enable_compilation_cache(sys.argv[1], min_compile_secs=0)
     config = specjax_models.TransformerConfig(vocab_size=32, num_layers=2, d_model=64,
                                               num_heads=4, num_kv_heads=2, d_ff=128,
                                               max_seq_len=128)
