@@ -71,7 +71,8 @@ def _prepare(decoder: str, lm, prompts, cache: int):
                                                 sampling=specjax.GREEDY, key=key,
                                                 cache_size=cache)
         return state, lambda: _speculative_loop(lm, drafter, state,
-                                                compile_key(config, params), params)
+                                                compile_key(config, params), params,
+                                                drafter_type=type(drafter))
     return prepare
 
 

@@ -115,7 +115,7 @@ def _runner(decoder: str, mode: str, target, draft, ids, batch: int, sampling, n
         jax.block_until_ready(state)
         if mode == "traced":
             run = lambda: _speculative_loop(target, drafter, state, compile_key(config, params),
-                                            params)
+                                            params, drafter_type=type(drafter))
         else:
             run = lambda: _static_speculative_loop(target, drafter, state, config)
         return run, lambda out: int(out.num_steps)

@@ -50,10 +50,11 @@ def as_drafter(draft):
 
 
 
-@functools.partial(jax.jit, static_argnames=("capacity", "num_draft_tokens"))
+@functools.partial(jax.jit, static_argnames=("capacity", "num_draft_tokens", "drafter_type"))
 def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengths_B: Array,
                 key: Array, max_new_tokens: Array, eos_ids: Array, *, capacity: int,
-                num_draft_tokens: int) -> SpeculativeState:
+                num_draft_tokens: int, drafter_type: type) -> SpeculativeState:
+    del drafter_type  # in the compile key only (see step.compiled_step)
     batch, width = prompt_tokens_BP.shape
     cache = target.init_cache(batch, capacity)
     layers = feature_layers_of(drafter)
@@ -142,15 +143,19 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
         drafter.check(target, row_sampling)
     state = _init_state(target, drafter, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
                         resolve_key(key, sampling), jnp.int32(max_new_tokens), jnp.asarray(eos_ids),
-                        capacity=capacity, num_draft_tokens=config.num_draft_tokens)
+                        capacity=capacity, num_draft_tokens=config.num_draft_tokens,
+                        drafter_type=type(drafter))
     return state, drafter
 
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("config", "drafter_type"),
+                   donate_argnames=("state",))
 def _speculative_loop(target: CausalLM, drafter, state: SpeculativeState,
-                      config: SpeculativeConfig, sampling: SamplingParams) -> SpeculativeState:
+                      config: SpeculativeConfig, sampling: SamplingParams, *,
+                      drafter_type: type) -> SpeculativeState:
     # `config` is `compile_key(...)`: its sampling values are in `sampling` (data).
+    del drafter_type  # in the compile key only (see step.compiled_step)
     return jax.lax.while_loop(
         lambda s: ~jnp.all(s.done),
         lambda s: speculative_step(target, drafter, s, config, sampling), state)
@@ -226,7 +231,8 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
         num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
         prompt_lengths=prompt_lengths, pad_id=pad_id, cache_size=cache_size, tree=tree)
     params = sampling_params(config.sampling, state.lengths.shape[0])
-    state = _speculative_loop(target, drafter, state, compile_key(config, params), params)
+    state = _speculative_loop(target, drafter, state, compile_key(config, params), params,
+                              drafter_type=type(drafter))
     tokens = first_columns(_generated_tokens(state, jnp.int32(pad_id)), max_new_tokens)
     return SpeculativeOutput(tokens=tokens, lengths=state.num_generated,
                              stats=SpeculativeStats.from_state(state))

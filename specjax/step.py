@@ -445,11 +445,18 @@ def compile_key(config: SpeculativeConfig, sampling: SamplingParams) -> Speculat
     return dataclasses.replace(config, sampling=GREEDY if sampling.greedy else SamplingConfig())
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("config", "drafter_type"),
+                   donate_argnames=("state",))
 def compiled_step(target: CausalLM, drafter, state: SpeculativeState,
-                  config: SpeculativeConfig, sampling: SamplingParams) -> SpeculativeState:
-    """`speculative_step` compiled per (shapes, `config`): pass `compile_key(config,
-    sampling)` as the config and the values as `sampling`."""
+                  config: SpeculativeConfig, sampling: SamplingParams, *,
+                  drafter_type: type) -> SpeculativeState:
+    """`speculative_step` compiled per (shapes, `config`, the drafter's class): pass
+    `compile_key(config, sampling)` as the config, the values as `sampling`, and
+    `type(drafter)`. The class is in the key because JAX's tree structures of a
+    registered dataclass and of a subclass with the same fields compare equal (while
+    their hashes differ): a subclass that drafts differently could otherwise, now and
+    then, be handed its parent's compiled program."""
+    del drafter_type
     return speculative_step(target, drafter, state, config, sampling)
 
 
@@ -462,4 +469,5 @@ def jitted_step(target: CausalLM, drafter, state: SpeculativeState,
         raise TypeError(f"config must be a specjax.SpeculativeConfig, got "
                         f"{type(config).__name__}")
     sampling = sampling_params(config.sampling, state.lengths.shape[0])
-    return compiled_step(target, drafter, state, compile_key(config, sampling), sampling)
+    return compiled_step(target, drafter, state, compile_key(config, sampling), sampling,
+                         drafter_type=type(drafter))

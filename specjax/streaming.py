@@ -73,7 +73,8 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
     step_config = compile_key(config, params)
     step = 0
     while True:
-        state = compiled_step(target, drafter, state, step_config, params)
+        state = compiled_step(target, drafter, state, step_config, params,
+                              drafter_type=type(drafter))
         step += 1
         emitted, accepted, done, window = jax.device_get(
             (state.step_emitted, state.step_accepted, state.done,

@@ -309,7 +309,7 @@ def _cache_copies(target, drafter, num_draft_tokens: int, sampling=GREEDY) -> li
     config = specjax.SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling)
     params = sampling_params(sampling, len(PROMPTS))
     hlo = _speculative_loop.lower(target, drafter, state, compile_key(config, params),
-                                  params).compile().as_text()
+                                  params, drafter_type=type(drafter)).compile().as_text()
     cache_shapes = {"[" + ",".join(map(str, leaf.shape)) + "]"
                     for leaf in jax.tree.leaves(state.target_cache) if leaf.ndim >= 3}
     return [line.strip() for line in hlo.splitlines() if " copy(" in line
@@ -329,3 +329,30 @@ def test_choosing_a_verify_width_copies_no_kv_cache(tiny_lm, close_draft, drafte
     assert _cache_copies(tiny_lm, drafter, 4) == []
     sampled = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
     assert _cache_copies(tiny_lm, drafter, 4, sampled) == []
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
+class _ShiftedDraft(DraftModel):
+    """Drafts the token after the draft model's: a subclass with the same fields."""
+
+    def propose(self, state, context, key, *, num_draft_tokens, sampling, vocab_size):
+        state, proposal = super().propose(state, context, key,
+                                          num_draft_tokens=num_draft_tokens,
+                                          sampling=sampling, vocab_size=vocab_size)
+        tokens = (proposal.tokens + 1) % vocab_size
+        return state, dataclasses.replace(proposal, tokens=tokens,
+                                          q=jax.nn.one_hot(tokens, vocab_size))
+
+
+def test_a_subclass_with_the_same_fields_gets_its_own_program(tiny_lm, close_draft):
+    """JAX's tree structures of a registered dataclass and of such a subclass compare
+    equal (their hashes differ), so a compile cache keyed on them alone could now and then
+    hand the subclass its parent's program; the drafter's class is in every key."""
+    parent, child = DraftModel(close_draft, "greedy"), _ShiftedDraft(close_draft, "greedy")
+    assert jax.tree.structure(parent) == jax.tree.structure(child)
+    kwargs = dict(max_new_tokens=12, num_draft_tokens=3, sampling=GREEDY)
+    first = speculative_generate(tiny_lm, parent, PROMPTS, **kwargs)
+    second = speculative_generate(tiny_lm, child, PROMPTS, **kwargs)
+    assert first.tokens.tolist() == second.tokens.tolist()  # exact either way
+    assert first.stats.accepted.tolist() != second.stats.accepted.tolist()  # other drafts
