@@ -3,12 +3,12 @@ option refused before the library is needed (`--max-new-tokens 0`) and one the l
 validates (`--temperature -1`, which loads the sampling module and so jax). Each is a
 fresh `python -m specjax.cli` process; medians of alternating runs.
 
-`--compare-with DIR` times the same commands from another checkout's `specjax` package
-(run in DIR, so that `python -m` imports that one) in the same alternation, e.g. the
-commit before the command line became a package with lazy imports:
+`--compare-with REV` times the same commands from another revision of this repository (a
+temporary worktree, run in that folder so that `python -m` imports its package) in the
+same alternation, e.g. the commit before the command line became a package with lazy
+imports:
 
-    git worktree add /tmp/before a269827
-    python -m benchmarks.cli_start --reps 9 --compare-with /tmp/before
+        python -m benchmarks.cli_start --reps 9 --compare-with a269827
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.common import command_line, cpu_model, median, write_results
+from benchmarks.common import checkout_of, command_line, cpu_model, median, write_results
 
 NAME = "cli_start_cpu"
 COMMANDS = {
@@ -52,12 +52,12 @@ def revision(checkout: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--compare-with", default=None,
-                        help="another checkout whose specjax package to time alongside")
+    parser.add_argument("--compare-with", default=None, metavar="REV",
+                        help="a git revision of this repository to time alongside")
     args = parser.parse_args()
     builds = {f"this checkout ({revision(ROOT)})": ROOT}
     if args.compare_with:
-        other = os.path.abspath(args.compare_with)
+        other = str(checkout_of(args.compare_with))
         builds[f"--compare-with ({revision(other)})"] = other
     times = {(build, name): [] for build in builds for name in COMMANDS}
     for _ in range(args.reps):

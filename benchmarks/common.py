@@ -121,3 +121,18 @@ def write_results(name: str, payload: dict, markdown: str) -> None:
     (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown)
     print(f"wrote {RESULTS / name}.json and .md")
+
+
+def checkout_of(revision: str) -> Path:
+    """A temporary git worktree of `revision` of this repository (for timing an earlier
+    version beside this one), removed when the process exits."""
+    import atexit
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    folder = Path(tempfile.mkdtemp(prefix="specjax-rev-")) / revision
+    subprocess.run(["git", "worktree", "add", "--detach", str(folder), revision], cwd=root,
+                   check=True, capture_output=True)
+    atexit.register(lambda: subprocess.run(["git", "worktree", "remove", "--force",
+                                            str(folder)], cwd=root, capture_output=True))
+    return folder

@@ -8,10 +8,10 @@ model caches) and warm (both filled by the cold run), split into phases.
   specjax, specjax_models and jax; loading the weights (`from_gguf`); the tokenizer
   (`gguf_tokenizer`); the first decode call (compilation or loading it from the
   persistent cache, plus the generation); the generation alone (a second call).
-- `--compare-with DIR` runs the command from another checkout too (e.g. one from before
-  the model cache), in the same alternation.
+- `--compare-with REV` runs the command from another git revision too (a temporary
+  worktree; e.g. the commit before the model cache), in the same alternation.
 
-    python -m benchmarks.start_time --reps 3 [--compare-with /tmp/before]
+    python -m benchmarks.start_time --reps 3 [--compare-with a269827]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import command_line, cpu_model, median, write_results
+from benchmarks.common import checkout_of, command_line, cpu_model, median, write_results
 
 NAME = "start_time_cpu"
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,16 +102,17 @@ def phases(caches: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--compare-with", default=None,
-                        help="a checkout from before (its specjax and models folders)")
+    parser.add_argument("--compare-with", default=None, metavar="REV",
+                        help="a git revision of this repository to time alongside")
     args = parser.parse_args()
     rows: dict[str, list[float]] = {}
     phase_rows: dict[str, list[dict]] = {"cold": [], "warm": []}
     before_path = None
     if args.compare_with:  # the other checkout's packages first on sys.path
         link = Path(tempfile.mkdtemp(prefix="before-packages-"))
-        (link / "specjax").symlink_to(Path(args.compare_with).absolute() / "specjax")
-        (link / "specjax_models").symlink_to(Path(args.compare_with).absolute() / "models")
+        other = checkout_of(args.compare_with)
+        (link / "specjax").symlink_to(other / "specjax")
+        (link / "specjax_models").symlink_to(other / "models")
         before_path = str(link)
     for rep in range(args.reps):
         for build, pythonpath in (("this checkout", None), ("--compare-with", before_path)):
