@@ -16,7 +16,8 @@ from specjax.lazy import lazy_attributes
 
 # Public name -> the module that defines it.
 _SOURCES = {
-    "DRAFT_CONFIG": "bundled", "SMOLLM2_DRAFT": "bundled", "SMOLLM2_HEAD": "bundled",
+    "DRAFT_CONFIG": "bundled", "SMOLLM2_DATASTORE": "bundled", "SMOLLM2_DRAFT": "bundled",
+    "SMOLLM2_HEAD": "bundled",
     "TARGET_CONFIG": "bundled", "bundled_prompts": "bundled", "load_bundled": "bundled",
     "load_checkpoint": "checkpoint", "load_config": "checkpoint",
     "save_checkpoint": "checkpoint",
@@ -35,6 +36,7 @@ _SOURCES = {
 
 __all__ = [
     "DRAFT_CONFIG",
+    "SMOLLM2_DATASTORE",
     "SMOLLM2_DRAFT",
     "SMOLLM2_HEAD",
     "TARGET_CONFIG",
@@ -74,6 +76,7 @@ __getattr__, __dir__ = lazy_attributes(
 if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from specjax_models.bundled import (
         DRAFT_CONFIG,
+        SMOLLM2_DATASTORE,
         SMOLLM2_DRAFT,
         SMOLLM2_HEAD,
         TARGET_CONFIG,

@@ -20,6 +20,8 @@ HEAD_NAMES = ("medusa", "eagle", "eagle3", "mtp")  # feature drafters of the tar
 # EAGLE-3 head and a distilled layer draft (specjax_models.recipes trains them).
 SMOLLM2_HEAD = CHECKPOINTS / "smollm2_eagle3"
 SMOLLM2_DRAFT = CHECKPOINTS / "smollm2_draft"
+# SmolLM2's own answers as a retrieval datastore (specjax_models.recipes.smollm2_datastore).
+SMOLLM2_DATASTORE = CHECKPOINTS / "smollm2_datastore.npz"
 NAMES = MODEL_NAMES + HEAD_NAMES
 
 TARGET_CONFIG = TransformerConfig(vocab_size=VOCAB_SIZE, num_layers=6, d_model=256,

@@ -29,7 +29,7 @@ from specjax.step import (
     feature_layers_of,
     speculative_step,
 )
-from specjax.trees import DynamicTree, TreeShape
+from specjax.trees import DynamicTree, TreeBudget, TreeShape
 
 
 def as_drafter(draft):
@@ -76,9 +76,26 @@ def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengt
         step_accepted=zeros, step_emitted=zeros, num_steps=jnp.zeros((), jnp.int32))
 
 
+def drafters_tree(draft, tree):
+    """The tree a step verifies: the one given, or, for a drafter that builds its own tree
+    per row (`proposal_tree`, a `TreeBudget`: lookahead, retrieval), that budget; a
+    different tree for such a drafter is refused."""
+    own = getattr(draft, "proposal_tree", None)
+    if own is None:
+        return tree
+    if tree is not None and tree != own:
+        raise ValueError(f"{type(draft).__name__} builds its own tree per row within {own}; "
+                         "pass tree=None (decoding then takes the drafter's own), or "
+                         "change the drafter's settings")
+    return own
+
+
 def speculative_config(num_draft_tokens: int | None, sampling,
-                       tree: TreeShape | DynamicTree | None) -> SpeculativeConfig:
-    """The step's config; with a tree, num_draft_tokens defaults to its nodes."""
+                       tree: TreeShape | DynamicTree | TreeBudget | None,
+                       draft=None) -> SpeculativeConfig:
+    """The step's config; with a tree, num_draft_tokens defaults to its nodes; a drafter
+    with its own tree (`proposal_tree`) brings it."""
+    tree = drafters_tree(draft, tree)
     if num_draft_tokens is None:
         if tree is None:
             raise TypeError("num_draft_tokens is required (or pass tree=TreeShape(...) or "
@@ -87,11 +104,16 @@ def speculative_config(num_draft_tokens: int | None, sampling,
     return SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling, tree=tree)
 
 
-def check_tree_support(target: CausalLM, drafter, tree: TreeShape | DynamicTree | None) -> None:
+def check_tree_support(target: CausalLM, drafter,
+                       tree: TreeShape | DynamicTree | TreeBudget | None) -> None:
     """Refuse, on the host, a tree that the drafter cannot draft or the target cannot
     compact."""
     if tree is None:
         return
+    if isinstance(tree, TreeBudget) and getattr(drafter, "proposal_tree", None) != tree:
+        raise ValueError(f"a TreeBudget is the tree of a drafter that builds its own per row "
+                         f"(specjax.drafters.Lookahead, Retrieval); {type(drafter).__name__} "
+                         "does not: pass a TreeShape or DynamicTree")
     if getattr(drafter, "min_confidence", None) is not None:
         raise ValueError(f"{type(drafter).__name__}(min_confidence=...) sets how many drafts "
                          "of a chain each step verifies; a tree step verifies every node "
@@ -132,7 +154,8 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
     Returns `(state, drafter)`; pass both to `speculative_step` with
     `SpeculativeConfig(num_draft_tokens=..., sampling=..., tree=...)`.
     """
-    config = speculative_config(num_draft_tokens, sampling, tree)
+    config = speculative_config(num_draft_tokens, sampling, tree, draft)
+    tree = config.tree
     drafter = as_drafter(draft)
     check_tree_support(target, drafter, tree)
     batch, capacity, eos_ids = prepare_batch(target, prompts, prompt_lengths, max_new_tokens,
@@ -176,12 +199,12 @@ def start_decoding(target: CausalLM, draft, prompts, *, max_new_tokens: int,
                    cache_size, tree):
     """What `speculative_generate` and `speculative_stream` do before their first step:
     `(config, pad_id, state, drafter)`, every input checked and both models prefilled."""
-    config = speculative_config(num_draft_tokens, sampling, tree)
+    config = speculative_config(num_draft_tokens, sampling, tree, draft)
     pad_id = check_pad_id(pad_id)
     state, drafter = init_speculative_state(
         target, draft, prompts, max_new_tokens=max_new_tokens,
         num_draft_tokens=config.num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
-        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree)
+        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=config.tree)
     return config, pad_id, state, drafter
 
 

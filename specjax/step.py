@@ -33,7 +33,7 @@ from specjax.sampling import (
     sampling_params,
 )
 from specjax.tree_acceptance import accept_tree_greedy, accept_tree_sampled
-from specjax.trees import DynamicTree, TreeShape, ancestor_mask, tree_depths
+from specjax.trees import DynamicTree, TreeBudget, TreeShape, ancestor_mask, tree_depths
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,12 +46,13 @@ class SpeculativeConfig:
       temperature, top-k or top-p compiles nothing (only "every row greedy" does).
     tree: a static `TreeShape` of N nodes (drafters then propose that tree), a
       `DynamicTree` budget of N nodes (drafters grow a tree per row and return its
-      parents), or None for a chain of K drafts (the fast path).
+      parents), a `TreeBudget` (a drafter that builds its own tree per row by its own
+      rule: retrieval, lookahead), or None for a chain of K drafts (the fast path).
     """
 
     num_draft_tokens: int
     sampling: SamplingConfig | tuple[SamplingConfig, ...] = SamplingConfig()
-    tree: TreeShape | DynamicTree | None = None
+    tree: TreeShape | DynamicTree | TreeBudget | None = None
 
     def __post_init__(self):
         k = self.num_draft_tokens
@@ -62,8 +63,9 @@ class SpeculativeConfig:
             distinct_configs(self.sampling)  # a per-row sequence: its types are checked
             object.__setattr__(self, "sampling", tuple(self.sampling))
         if self.tree is not None:
-            if not isinstance(self.tree, (TreeShape, DynamicTree)):
-                raise TypeError(f"tree must be a specjax.trees.TreeShape or DynamicTree, got "
+            if not isinstance(self.tree, (TreeShape, DynamicTree, TreeBudget)):
+                raise TypeError(f"tree must be a specjax.trees.TreeShape, DynamicTree or "
+                                f"TreeBudget, got "
                                 f"{type(self.tree).__name__}")
             if self.tree.num_nodes != self.num_draft_tokens:
                 raise ValueError(f"the tree has {self.tree.num_nodes} nodes but "
@@ -158,9 +160,9 @@ def propose(drafter, state: SpeculativeState, key: Array, config: SpeculativeCon
 
 
 def tree_parents(proposal: Proposal, config: SpeculativeConfig) -> Array:
-    """int32 [B, N]: the proposal's tree (the static tree's parents, or the dynamic tree's
-    own per row)."""
-    if isinstance(config.tree, DynamicTree):
+    """int32 [B, N]: the proposal's tree (the static tree's parents, or each row's own for a
+    `DynamicTree` or `TreeBudget`)."""
+    if config.tree.per_row:
         return proposal.parents
     return config.tree.parents_array(proposal.tokens.shape[0])
 
@@ -185,7 +187,7 @@ def verify(target: CausalLM, state: SpeculativeState, proposal: Proposal,
     if config.tree is None:
         depths_N1 = jnp.arange(config.num_draft_tokens + 1, dtype=jnp.int32)[None]
         new_mask = None  # causal
-    elif isinstance(config.tree, DynamicTree):
+    elif config.tree.per_row:
         depths_N1 = jnp.concatenate([jnp.zeros_like(lengths_B)[:, None],
                                      tree_depths(proposal.parents)], axis=1)
         new_mask = ancestor_mask(proposal.parents)
@@ -234,24 +236,28 @@ def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
 
 
 def verify_widths(drafter, config: SpeculativeConfig) -> tuple[int, ...]:
-    """The numbers of drafts a chain step may verify when the drafter says how many of its
-    drafts are real (`Proposal.num_real`): 0 (a one-token forward) or all K, or every
-    width from 0 to K for a drafter whose count is graded (`graded_num_real`, e.g. a
-    confidence threshold). Each width is its own compiled target forward."""
+    """The numbers of drafts a step may verify when the drafter says how many of its
+    drafts are real (`Proposal.num_real`): 0 (a one-token forward) or all N, or, for a
+    chain drafter whose count is graded (`graded_num_real`, e.g. a confidence threshold),
+    every width from 0 to K. Each width is its own compiled target forward."""
     k = config.num_draft_tokens
-    return tuple(range(k + 1)) if getattr(drafter, "graded_num_real", False) else (0, k)
+    graded = getattr(drafter, "graded_num_real", False) and config.tree is None
+    return tuple(range(k + 1)) if graded else (0, k)
 
 
-def _pad_verdict(verdict: Verdict, hidden, width: int):
-    """A verdict and hidden states over `w` drafts padded to `width` drafts (nothing past
-    w is accepted; hidden states past w are 0)."""
+def _pad_verdict(verdict: Verdict, hidden, target_tokens, path_width: int, nodes: int):
+    """A verdict, hidden states and target tokens over fewer positions padded to a path of
+    `path_width` nodes and `nodes` + 1 verified positions (nothing past the verified part
+    is accepted; hidden states there are 0, target tokens -1)."""
     batch, verified = verdict.path.shape
-    extra = width - verified
+    extra = path_width - verified
     path = jnp.concatenate([verdict.path, jnp.full((batch, extra), -1, jnp.int32)], axis=1)
     emitted = jnp.concatenate([verdict.emitted, jnp.broadcast_to(
         verdict.emitted[:, -1:], (batch, extra))], axis=1)
-    pad = [(0, 0), (0, extra)] + [(0, 0)] * (hidden.ndim - 2)
-    return Verdict(path, verdict.num_accepted, emitted), jnp.pad(hidden, pad)
+    extra_positions = nodes + 1 - hidden.shape[1]
+    pad = [(0, 0), (0, extra_positions)] + [(0, 0)] * (hidden.ndim - 2)
+    target_tokens = jnp.pad(target_tokens, [(0, 0), (0, extra_positions)], constant_values=-1)
+    return Verdict(path, verdict.num_accepted, emitted), jnp.pad(hidden, pad), target_tokens
 
 
 def run_one_of(index: Array, branches, cache):
@@ -279,30 +285,39 @@ def run_one_of(index: Array, branches, cache):
     return carry
 
 
+def _argmax_tokens(logits_BTV: Array) -> Array:
+    return jnp.argmax(logits_BTV, axis=-1).astype(jnp.int32)
+
+
 def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Proposal,
                       config: SpeculativeConfig, sampling: SamplingParams,
                       keys: tuple[Array, Array], feature_layers: tuple[int, ...],
                       widths: tuple[int, ...] = ()):
     """(b, c, d) Verify the proposal in one target forward and accept exactly. Returns
-    `(verdict, hidden, target_cache, verified)`: `verified` (int32 scalar) is the number of
-    drafts the step verified. With `Proposal.num_real`, it is the smallest of `widths`
-    (see `verify_widths`) that covers every running row's real drafts: the step verifies
-    only the first `verified` drafts (a chain of that many, drawn as every chain is, so
-    the acceptance stays exact), and with 0 it runs a one-token forward: the next token is
-    drawn from the target at the last committed token, as plain decoding does."""
+    `(verdict, hidden, target_tokens, target_cache, verified)`: `target_tokens` int32
+    [B, N+1] is the target's argmax at each verified position (-1 where not verified),
+    `verified` (int32 scalar) the number of drafts the step verified. With
+    `Proposal.num_real`, it is the smallest of `widths` (see `verify_widths`) that covers
+    every running row's real drafts: the step verifies only the first `verified` drafts of
+    a chain (a chain of that many, drawn as every chain is, so the acceptance stays exact),
+    and with 0 it runs a one-token forward: the next token is drawn from the target at the
+    last committed token, as plain decoding does. A tree step verifies all N nodes or
+    none."""
     num_drafts = proposal.tokens.shape[1]
+    path_width = num_drafts if config.tree is None else config.tree.max_depth
 
     def full(cache):
         logits_BN1V, hidden, target_cache = verify(
             target, dataclasses.replace(state, target_cache=cache), proposal, config,
             feature_layers)
-        return accept(keys, proposal, logits_BN1V, config, sampling), hidden, target_cache
+        return (accept(keys, proposal, logits_BN1V, config, sampling), hidden,
+                _argmax_tokens(logits_BN1V), target_cache)
 
     if proposal.num_real is None:  # static: drafters that always offer real drafts
         return *full(state.target_cache), jnp.int32(num_drafts)
 
     def first(width: int):
-        """Verify and accept the first `width` drafts only (0 < width < K)."""
+        """Verify and accept the first `width` drafts of a chain only (0 < width < K)."""
 
         def run(cache):
             shorter = Proposal(tokens=proposal.tokens[:, :width],
@@ -311,9 +326,9 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
             logits, hidden, target_cache = verify(
                 target, dataclasses.replace(state, target_cache=cache), shorter, short_config,
                 feature_layers)
-            verdict, hidden = _pad_verdict(
-                accept(keys, shorter, logits, short_config, sampling), hidden, num_drafts)
-            return verdict, hidden, target_cache
+            padded = _pad_verdict(accept(keys, shorter, logits, short_config, sampling),
+                                  hidden, _argmax_tokens(logits), path_width, num_drafts)
+            return *padded, target_cache
 
         return run
 
@@ -332,16 +347,18 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
         verdict = Verdict(path=jnp.zeros((batch, 0), jnp.int32),
                           num_accepted=jnp.zeros((batch,), jnp.int32),
                           emitted=next_B[:, None])
-        verdict, hidden = _pad_verdict(verdict, hidden_B1, num_drafts)
-        return verdict, hidden, target_cache
+        padded = _pad_verdict(verdict, hidden_B1, _argmax_tokens(logits_B1V), path_width,
+                              num_drafts)
+        return *padded, target_cache
 
     widths = widths or (0, num_drafts)
     branches = [narrow if w == 0 else full if w == num_drafts else first(w) for w in widths]
     needed = jnp.max(jnp.where(state.done, 0, jnp.clip(proposal.num_real, 0, num_drafts)))
-    # The smallest listed width >= needed (the last, K, covers every row).
+    # The smallest listed width >= needed (the last, N, covers every row).
     index = jnp.sum(jnp.asarray(widths, jnp.int32) < needed)
-    verdict, hidden, target_cache = run_one_of(index, branches, state.target_cache)
-    return verdict, hidden, target_cache, jnp.asarray(widths, jnp.int32)[index]
+    verdict, hidden, target_tokens, target_cache = run_one_of(index, branches,
+                                                              state.target_cache)
+    return verdict, hidden, target_tokens, target_cache, jnp.asarray(widths, jnp.int32)[index]
 
 
 def emit(state: SpeculativeState, verdict: Verdict):
@@ -398,7 +415,7 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
 
     drafter_state, proposal = propose(drafter, state, k_draft, config, target.vocab_size,
                                       sampling)
-    verdict, hidden_BN1D, target_cache, verified = verify_and_accept(
+    verdict, hidden_BN1D, target_tokens_BN1, target_cache, verified = verify_and_accept(
         target, state, proposal, config, sampling, (k_accept, k_resample),
         feature_layers_of(drafter) or (), verify_widths(drafter, config))
     sequence, new_lengths_B, num_emitted_B, done_B = emit(state, verdict)
@@ -410,7 +427,8 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
 
     drafter_state = drafter.commit(drafter_state, Commit(
         old_lengths=lengths_B, new_lengths=new_lengths_B, num_accepted=num_accepted_B,
-        sequence=sequence, target_hidden=hidden_BN1D, active=active_B, path=verdict.path))
+        sequence=sequence, target_hidden=hidden_BN1D, active=active_B, path=verdict.path,
+        target_tokens=target_tokens_BN1))
 
     num_nodes = config.num_draft_tokens
     depth = verdict.path.shape[1]

@@ -192,6 +192,7 @@ def speculative_joint_pvalues(target: CausalLM, drafter, prompt: list[int],
     setting and the output."""
     samplings = list(samplings)
     per_row = [config for config in samplings for _ in range(rows_per_setting)]
+    tree = tree if tree is not None else getattr(drafter, "proposal_tree", None)
     nodes = tree.num_nodes if tree is not None else num_draft_tokens
     out = speculative_generate(target, drafter, [list(prompt)] * len(per_row),
                                max_new_tokens=num_tokens,

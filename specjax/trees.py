@@ -150,6 +150,11 @@ class TreeShape:
     def is_chain(self) -> bool:
         return self.parents == tuple(range(-1, self.num_nodes - 1))
 
+    @property
+    def per_row(self) -> bool:
+        """False: the config fixes the shape; proposals carry no parents."""
+        return False
+
     def parents_array(self, batch: int) -> Int[Array, "B N"]:
         return jnp.broadcast_to(jnp.asarray(self.parents, jnp.int32), (batch, self.num_nodes))
 
@@ -195,6 +200,45 @@ class DynamicTree:
     @property
     def is_chain(self) -> bool:
         return False
+
+    @property
+    def per_row(self) -> bool:
+        """True: every row has its own tree, in `Proposal.parents`."""
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeBudget:
+    """The static bounds of a tree that a drafter builds per row by its own rule (a
+    retrieval trie, the lookahead window with its candidate n-grams): `num_nodes` nodes,
+    accepted paths of at most `max_depth` nodes, at most `max_branching` children per
+    node. Proposals carry their parents, as for a `DynamicTree`. Such a drafter names its
+    budget (`drafter.proposal_tree`), which decoding takes when no tree is given.
+    Nodes may be deeper than `max_depth` when they are marked `never_accept` (the
+    lookahead window): the walk never goes there."""
+
+    num_nodes: int
+    max_depth: int
+    max_branching: int
+
+    def __post_init__(self):
+        for name in ("num_nodes", "max_depth", "max_branching"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"TreeBudget.{name} must be an int >= 1, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if self.max_depth > self.num_nodes:
+            raise ValueError(f"TreeBudget(max_depth={self.max_depth}) exceeds its "
+                             f"num_nodes={self.num_nodes}: a path of d nodes needs d nodes")
+
+    @property
+    def is_chain(self) -> bool:
+        return False
+
+    @property
+    def per_row(self) -> bool:
+        """True: every row has its own tree, in `Proposal.parents`."""
+        return True
 
 
 def tree_depths(parents_BN: Int[Array, "B N"]) -> Int[Array, "B N"]:

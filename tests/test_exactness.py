@@ -24,7 +24,15 @@ import pytest
 import specjax
 import specjax_models
 from specjax import GREEDY, DraftModel, PromptLookup, SamplingConfig
-from specjax.drafters import Eagle, FeatureHeadConfig, Medusa, eagle3_feature_layers
+from specjax.datastore import Datastore
+from specjax.drafters import (
+    Eagle,
+    FeatureHeadConfig,
+    Lookahead,
+    Medusa,
+    Retrieval,
+    eagle3_feature_layers,
+)
 from specjax.testing import speculative_joint_pvalue, speculative_joint_pvalues
 from specjax.trees import DynamicTree, TreeShape
 
@@ -96,6 +104,20 @@ def medusa(method: str = "greedy"):
     return make
 
 
+def retrieval(**settings):
+    """A datastore of the target's own greedy text after the test prompts (what a
+    datastore of earlier answers holds), so its drafts are often right."""
+
+    def make(draft, target):
+        prompts = [[t % target.vocab_size for t in p] for p in PROMPTS + [[1, 5, 2]]]
+        out = specjax.generate(target, prompts, max_new_tokens=16, sampling=GREEDY)
+        documents = [prompt + np.asarray(out.tokens[b, :int(out.lengths[b])]).tolist()
+                     for b, prompt in enumerate(prompts)]
+        return Retrieval(Datastore.build(documents, target.vocab_size), **settings)
+
+    return make
+
+
 ENTRIES = {
     "draft model, chain, sampled": Entry(lambda d, t: DraftModel(d, "sample")),
     "draft model, chain, argmax": Entry(lambda d, t: DraftModel(d, "greedy"), slow_stats=True),
@@ -141,6 +163,18 @@ ENTRIES = {
     "medusa, chain, sampled": Entry(medusa("sample"), slow_greedy=True, slow_stats=True),
     "medusa, static tree, top-k": Entry(medusa(), None, MEDUSA_TREE, slow_greedy=True,
                                         slow_stats=True),
+    # Model-free trees that the drafter builds itself (TreeBudget): lookahead's Jacobi window
+    # (never accepted) beside its pooled n-grams; retrieval tries from a datastore and the
+    # row's own text, with one-token steps where no row has a match.
+    "lookahead, window and n-grams": Entry(
+        lambda d, t: Lookahead(window=3, ngram=3, guesses=2, buckets=16), None,
+        stat_prompt=(1, 5, 2, 1, 5, 2, 1)),
+    "retrieval, datastore and own text": Entry(retrieval(max_nodes=6, depth=3, samples=4),
+                                               None),
+    "retrieval, own text, adaptive length": Entry(
+        lambda d, t: Retrieval(None, max_nodes=5, depth=3, speculation_factor=1.5,
+                               min_probability=0.0), None,
+        stat_prompt=(1, 5, 2, 1, 5, 2, 1), slow_greedy=True, slow_stats=True),
     "medusa, dynamic tree, top-k": Entry(medusa(), None, DynamicTree(num_nodes=6, max_depth=3,
                                                                       top_k=2),
                                          slow_greedy=True, slow_stats=True),

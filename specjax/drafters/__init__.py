@@ -10,9 +10,11 @@ from specjax.drafters.base import (
 from specjax.drafters.draft_model import DraftModel, DraftModelState
 from specjax.drafters.eagle import Eagle, EagleState
 from specjax.drafters.feature_head import FeatureHeadConfig
+from specjax.drafters.lookahead import Lookahead, LookaheadState
 from specjax.drafters.medusa import Medusa, MedusaState
 from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.drafters.retrieval import Retrieval
 
 __all__ = ["Commit", "DraftContext", "DraftModel", "DraftModelState", "Drafter", "Eagle",
-           "EagleState", "FeatureHeadConfig", "Medusa", "MedusaState", "PromptLookup",
-           "Proposal", "eagle3_feature_layers"]
+           "EagleState", "FeatureHeadConfig", "Lookahead", "LookaheadState", "Medusa",
+           "MedusaState", "PromptLookup", "Proposal", "Retrieval", "eagle3_feature_layers"]

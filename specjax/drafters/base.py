@@ -43,7 +43,7 @@ from jaxtyping import Bool, Float, Int
 
 from specjax.causal_lm import CausalLM
 from specjax.sampling import SamplingConfig, SamplingParams
-from specjax.trees import DynamicTree, TreeShape
+from specjax.trees import DynamicTree, TreeBudget, TreeShape
 
 
 @jax.tree_util.register_dataclass
@@ -71,13 +71,14 @@ class Proposal:
     but the walk never accepts (lookahead, adaptive length; trees only). parents: int32
     [B, N], each node's parent (-1 = the last committed token, else an earlier node;
     siblings in draw order), only for a `DynamicTree` step, where each row has its own
-    tree (a chain or a static tree's shape is in the config). num_real: optional int32
-    [B], chains only: how many of the row's leading drafts are worth verifying (0 for a
-    row with nothing to offer, e.g. prompt lookup without a match, whose drafts are
-    filler; fewer than K when a confident drafter doubts its later drafts). The step
-    verifies only as many drafts as the running rows need (`step.verify_widths`):
-    none, a one-token forward at plain decoding's cost, when no row has a real draft; all
-    K otherwise, or, for a drafter with `graded_num_real = True`, the longest row's count.
+    tree (a chain or a static tree's shape is in the config), and for a `TreeBudget` step.
+    num_real: optional int32 [B]: how many of the row's leading drafts are worth verifying
+    (0 for a row with nothing to offer, e.g. prompt lookup or retrieval without a match,
+    whose drafts are filler; fewer than K when a confident drafter doubts its later
+    drafts). The step verifies only as many drafts as the running rows need
+    (`step.verify_widths`): none, a one-token forward at plain decoding's cost, when no
+    row has a real draft; all N otherwise, or, for a chain drafter with
+    `graded_num_real = True`, the longest row's count (a tree is verified whole or not).
     The choice depends on the drafts alone, so the output stays exact.
     """
 
@@ -101,7 +102,10 @@ class Commit:
     when the drafter asks for feature layers; after a one-token step, see
     `Proposal.num_real`, only position 0 is filled, the rest is 0). active: bool [B],
     rows that took part in the step. path: int32 [B, D], the accepted nodes in order (-1
-    after the row's num_accepted; for a chain, 0, 1, ...).
+    after the row's num_accepted; for a chain, 0, 1, ...). target_tokens: int32 [B, N+1],
+    the target's argmax (its greedy token) at each verified position, the last committed
+    token then the N nodes, never-accepted nodes included (what a Jacobi window needs;
+    -1 where a narrower step verified nothing).
     """
 
     old_lengths: Int[Array, " B"]
@@ -111,6 +115,7 @@ class Commit:
     target_hidden: Float[Array, "B N+1 D"]
     active: Bool[Array, " B"]
     path: Int[Array, "B D"] | None = None
+    target_tokens: Int[Array, "B N+1"] | None = None
 
 
 def eagle3_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -185,7 +190,7 @@ class Drafter(Protocol):
 
 
 def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int, vocab_size: int,
-                   tree: TreeShape | DynamicTree | None = None) -> None:
+                   tree: TreeShape | DynamicTree | TreeBudget | None = None) -> None:
     """Refuse (at trace time) a proposal that breaks the drafter contract, naming the
     drafter, the field and the expected shape."""
     name = type(drafter).__name__
@@ -205,9 +210,6 @@ def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int, vocab_s
         raise ValueError(f"{name}.propose returned Proposal.q = None (deterministic drafts), "
                          "which only a tree step verifies without q; for a chain return the "
                          "one-hot q of each draft")
-    if proposal.num_real is not None and tree is not None:
-        raise ValueError(f"{name}.propose returned Proposal.num_real for a tree step; only "
-                         "chains fall back to a one-token step (return num_real=None)")
     if proposal.num_real is not None and tuple(proposal.num_real.shape) != (batch,):
         raise ValueError(f"{name}.propose returned Proposal.num_real with shape "
                          f"{tuple(proposal.num_real.shape)}; expected ({batch},) (int: real "
@@ -215,15 +217,16 @@ def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int, vocab_s
     if proposal.never_accept is not None and tree is None:
         raise ValueError(f"{name}.propose marked nodes never_accept, which needs a tree step "
                          "(SpeculativeConfig(tree=...)); a chain accepts a prefix")
-    dynamic = isinstance(tree, DynamicTree)
+    dynamic = getattr(tree, "per_row", False)
     if dynamic and proposal.parents is None:
-        raise ValueError(f"{name}.propose returned Proposal.parents = None for a DynamicTree "
-                         "step: a dynamic tree differs per row, so the proposal must say each "
-                         "node's parent")
+        raise ValueError(f"{name}.propose returned Proposal.parents = None for a "
+                         f"{type(tree).__name__} step: its tree differs per row, so the "
+                         "proposal must say each node's parent")
     if not dynamic and proposal.parents is not None:
         raise ValueError(f"{name}.propose returned Proposal.parents, but the step's tree is "
                          f"{'a chain' if tree is None else 'a static TreeShape'}, whose "
-                         "shape the config fixes; return parents only for a DynamicTree")
+                         "shape the config fixes; return parents only for a DynamicTree "
+                         "or TreeBudget step")
     for field, shape in expected.items():
         value = getattr(proposal, field)
         if value is not None and tuple(value.shape) != shape:
