@@ -238,11 +238,20 @@ def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
 def verify_widths(drafter, config: SpeculativeConfig) -> tuple[int, ...]:
     """The numbers of drafts a step may verify when the drafter says how many of its
     drafts are real (`Proposal.num_real`): 0 (a one-token forward) or all N, or, for a
-    chain drafter whose count is graded (`graded_num_real`, e.g. a confidence threshold),
-    every width from 0 to K. Each width is its own compiled target forward."""
+    drafter whose count is graded (`graded_num_real`), every width from 0 to K of a chain
+    (e.g. a confidence threshold), or 0, 1, 2, 4, ... N nodes of a `TreeBudget` tree
+    whose real nodes come first (retrieval). Each width is its own compiled target
+    forward."""
     k = config.num_draft_tokens
-    graded = getattr(drafter, "graded_num_real", False) and config.tree is None
-    return tuple(range(k + 1)) if graded else (0, k)
+    if not getattr(drafter, "graded_num_real", False):
+        return (0, k)
+    if config.tree is None:
+        return tuple(range(k + 1))
+    if isinstance(config.tree, TreeBudget):
+        # A tree drafter whose count is graded puts its real nodes first, in topological
+        # order, so a prefix of its nodes is a tree: widths in powers of two, then N.
+        return (0,) + tuple(1 << i for i in range(k.bit_length()) if 1 << i < k) + (k,)
+    return (0, k)
 
 
 def _pad_verdict(verdict: Verdict, hidden, target_tokens, path_width: int, nodes: int):
@@ -317,12 +326,19 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
         return *full(state.target_cache), jnp.int32(num_drafts)
 
     def first(width: int):
-        """Verify and accept the first `width` drafts of a chain only (0 < width < K)."""
+        """Verify and accept the first `width` drafts of a chain, or nodes of a tree whose
+        real nodes come first, only (0 < width < N)."""
+        cut = lambda a: None if a is None else a[:, :width]
 
         def run(cache):
-            shorter = Proposal(tokens=proposal.tokens[:, :width],
-                               q=None if proposal.q is None else proposal.q[:, :width])
-            short_config = dataclasses.replace(config, num_draft_tokens=width)
+            shorter = Proposal(tokens=proposal.tokens[:, :width], q=cut(proposal.q),
+                               never_accept=cut(proposal.never_accept),
+                               parents=cut(proposal.parents))
+            tree = config.tree
+            if tree is not None:
+                tree = TreeBudget(num_nodes=width, max_depth=min(tree.max_depth, width),
+                                  max_branching=tree.max_branching)
+            short_config = dataclasses.replace(config, num_draft_tokens=width, tree=tree)
             logits, hidden, target_cache = verify(
                 target, dataclasses.replace(state, target_cache=cache), shorter, short_config,
                 feature_layers)

@@ -111,3 +111,19 @@ def test_settings_and_vocabularies_are_validated(tiny_lm):
         Retrieval().remember([[1]])
     with pytest.raises(ValueError, match="10-token vocabulary but the target's has 32"):
         specjax.speculative_generate(tiny_lm, Retrieval(STORE), [[1, 2]], max_new_tokens=4)
+
+
+def test_a_step_verifies_only_the_nodes_the_rows_offer(tiny_lm):
+    """Graded widths: 0, 1, 2, 4, 8 of a 16-node budget; the row's own short repeats make
+    small trees, verified at the width of their real nodes, never the whole budget."""
+    from specjax.step import SpeculativeConfig, verify_widths
+
+    drafter = Retrieval(None, max_nodes=16, depth=4)
+    config = SpeculativeConfig(num_draft_tokens=16, tree=drafter.proposal_tree)
+    assert verify_widths(drafter, config) == (0, 1, 2, 4, 8, 16)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 3  # own text: one continuation per match
+    out = specjax.speculative_generate(tiny_lm, drafter, [prompt], max_new_tokens=16,
+                                       sampling=specjax.GREEDY)
+    plain = specjax.generate(tiny_lm, [prompt], max_new_tokens=16, sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(out.tokens, plain.tokens)
+    assert 0 < out.stats.nodes_per_step <= 8

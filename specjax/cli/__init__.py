@@ -1,4 +1,5 @@
-"""The `specjax` command line: demo, generate, chat, train, distill, train-drafter.
+"""The `specjax` command line: demo, generate, chat, train, distill, train-drafter,
+datastore.
 
 This is the users' layer (DESIGN.md section 2): the one part of the specjax package that
 imports the model package `specjax_models`, and nothing else in specjax imports it
@@ -15,13 +16,13 @@ import argparse
 import os
 import sys
 
-from specjax.cli import chat, demo, generate, train, train_drafter
+from specjax.cli import chat, datastore, demo, generate, train, train_drafter
 from specjax.cli.common import CliError, compilation_cache
 
 __all__ = ["CliError", "build_parser", "main"]
 
 # In `specjax --help` order.
-COMMANDS = (demo, generate, chat, train, train_drafter)
+COMMANDS = (demo, generate, chat, train, train_drafter, datastore)
 
 
 def build_parser() -> argparse.ArgumentParser:

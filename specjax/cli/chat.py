@@ -9,6 +9,7 @@ import sys
 from specjax.cli.common import (
     CliError,
     add_colour_option,
+    add_model_free_options,
     add_prefill_chunk_option,
     add_prompt_lookup_options,
     add_sampling,
@@ -32,10 +33,14 @@ def register(sub) -> None:
                     help="a draft sharing SmolLM2's tokenizer: a checkpoint, or a layer "
                          "draft from `specjax train-drafter --model smollm2 --method draft` "
                          "(default: none, prompt lookup drafts)")
-    ch.add_argument("--drafter", choices=["model", "prompt-lookup", "eagle3"], default=None,
+    ch.add_argument("--drafter", choices=["model", "prompt-lookup", "lookahead", "retrieval",
+                                          "eagle3"], default=None,
                     help="default: prompt-lookup (model when --draft is given); model: "
-                         "SmolLM2's shipped distilled layer draft, or --draft DIR; eagle3: "
-                         "SmolLM2's shipped EAGLE-3 head, or --head DIR")
+                         "SmolLM2's shipped distilled layer draft, or --draft DIR; lookahead: "
+                         "Jacobi decoding, no draft; retrieval: trees from a datastore "
+                         "(SmolLM2's shipped one, or --datastore FILE), the conversation and "
+                         "this chat's earlier replies; eagle3: SmolLM2's shipped EAGLE-3 "
+                         "head, or --head DIR")
     ch.add_argument("--head", default=None,
                     help="an EAGLE-3 head trained on SmolLM2 (specjax train-drafter --model "
                          "smollm2; default: the shipped one)")
@@ -56,6 +61,7 @@ def register(sub) -> None:
                     help="--drafter model / eagle3: verify only the leading drafts whose "
                          "cumulative draft probability reaches C (default: all K)")
     add_prompt_lookup_options(ch)
+    add_model_free_options(ch)
     add_colour_option(ch)
     add_prefill_chunk_option(ch)
     ch.set_defaults(handler=run)
@@ -72,6 +78,8 @@ def run(args) -> int:
     speculative = not args.no_speculation
     say("loading SmolLM2-135M-Instruct...")
     target, drafter, tokenizer = load_pair(args, sampling, lookup, speculative)
+    tree = getattr(drafter, "proposal_tree", None)  # lookahead, retrieval: their own trees
+    nodes = args.num_draft_tokens if tree is None else tree.num_nodes
     paint = painter(use_colour(args.color))
     interactive = sys.stdin is not None and sys.stdin.isatty()
     messages = [] if args.system is None else [{"role": "system", "content": args.system}]
@@ -87,7 +95,7 @@ def run(args) -> int:
             continue
         messages.append({"role": "user", "content": line.rstrip("\n")})
         ids = tokenizer.apply_chat_template(messages)
-        if len(ids) + args.max_new_tokens + args.num_draft_tokens + 1 > cache_size:
+        if len(ids) + args.max_new_tokens + nodes + 1 > cache_size:
             raise CliError(f"the conversation ({len(ids)} tokens) no longer fits the "
                            f"{cache_size}-token cache with --max-new-tokens "
                            f"{args.max_new_tokens}; start a new chat")
@@ -96,7 +104,8 @@ def run(args) -> int:
         if speculative:
             stats, first_s, first_tokens, rest_s = stream_text(
                 target, drafter, ids, args, sampling, turn_key, paint, tokenizer.eos_ids,
-                cache_size, on_token=reply.append, decode=tokenizer.stream_decoder())
+                cache_size, on_token=reply.append, tree=tree,
+                decode=tokenizer.stream_decoder())
             later = len(reply) - first_tokens
             rate = f"{later / rest_s:.1f} tokens/s" if later > 0 and rest_s > 0 else "-"
             line = (f"[{len(reply)} tokens, {rate} after the first step; tau "
@@ -111,13 +120,16 @@ def run(args) -> int:
         if args.compare and speculative:
             line += "; " + _compare_reply(target, drafter, ids, len(reply), sampling,
                                           turn_key, tokenizer.eos_ids, cache_size,
-                                          args.num_draft_tokens)
+                                          args.num_draft_tokens, tree)
         say(line + "]")
         messages.append({"role": "assistant", "content": tokenizer.decode(reply)})
+        if hasattr(drafter, "remember") and reply:
+            # SuffixDecoding: later replies draft from this chat's earlier ones too.
+            drafter = drafter.remember([reply], vocab_size=target.vocab_size)
 
 
 def _compare_reply(target, drafter, ids, length, sampling, key, eos_ids, cache_size,
-                   num_draft_tokens) -> str:
+                   num_draft_tokens, tree=None) -> str:
     """Decode one request again plainly and speculatively (each compiled first) and say
     the measured speedup."""
     import specjax
@@ -127,7 +139,8 @@ def _compare_reply(target, drafter, ids, length, sampling, key, eos_ids, cache_s
                   cache_size=cache_size)
     plain = lambda: specjax.generate(target, [ids], **common)
     spec = lambda: specjax.speculative_generate(target, drafter, [ids],
-                                                num_draft_tokens=num_draft_tokens, **common)
+                                                num_draft_tokens=None if tree else
+                                                num_draft_tokens, tree=tree, **common)
     plain(), spec()  # compile both first
     plain_s, spec_s = wall_seconds(plain)[1], wall_seconds(spec)[1]
     return (f"this reply again: plain {length / plain_s:.1f} tokens/s, speculative "

@@ -131,6 +131,17 @@ def add_prompt_lookup_options(parser) -> None:
                         help="prompt lookup: shortest n-gram matched (default: %(default)s)")
 
 
+def add_model_free_options(parser) -> None:
+    parser.add_argument("--lookahead", default="5,4,5", metavar="W,N,G",
+                        help="--drafter lookahead: the Jacobi window's columns W, the n-gram "
+                             "size N and the n-grams verified per step G (default: "
+                             "%(default)s: (W + G)(N - 1) nodes per target forward)")
+    parser.add_argument("--datastore", default=None, metavar="FILE",
+                        help="--drafter retrieval: a datastore from `specjax datastore build` "
+                             "(default with --model smollm2: its shipped datastore of SmolLM2's "
+                             "own answers; else none: each row's own text only)")
+
+
 def add_prefill_chunk_option(parser) -> None:
     parser.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                         help="prefill prompts longer than N tokens in chunks of N (bounded "

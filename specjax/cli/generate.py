@@ -10,6 +10,7 @@ import sys
 from specjax.cli.common import (
     CliError,
     add_colour_option,
+    add_model_free_options,
     add_prefill_chunk_option,
     add_prompt_lookup_options,
     add_sampling,
@@ -20,6 +21,7 @@ from specjax.cli.common import (
 )
 from specjax.cli.loading import (
     HEAD_CHOICES,
+    MODEL_FREE_CHOICES,
     load_pair,
     trained_length,
     validate_decoding,
@@ -66,9 +68,12 @@ def register(sub) -> None:
                           "%(default)s)")
     gen.add_argument("--raw", action="store_true",
                      help="smollm2: continue the prompt as raw text, no chat template")
-    gen.add_argument("--drafter", choices=["model", "prompt-lookup", *HEAD_CHOICES],
+    gen.add_argument("--drafter", choices=["model", "prompt-lookup", *MODEL_FREE_CHOICES,
+                                           *HEAD_CHOICES],
                      default=None,
-                     help="the draft model, n-gram lookup in the prompt and output, or a "
+                     help="the draft model, n-gram lookup in the prompt and output, "
+                          "lookahead (Jacobi) decoding, retrieval from a datastore and the "
+                          "row's own text (both model-free token trees), or a "
                           "feature head reading the target's hidden states (medusa, eagle, "
                           "eagle3, mtp; the bundled target ships trained ones) (default: "
                           "model for the bundled pair, prompt-lookup for smollm2; eagle3 with "
@@ -77,6 +82,7 @@ def register(sub) -> None:
                      help="a feature head trained by `specjax train-drafter` for --drafter "
                           "medusa/eagle/eagle3/mtp (default: the bundled target's)")
     add_prompt_lookup_options(gen)
+    add_model_free_options(gen)
     gen.add_argument("--no-speculation", action="store_true",
                      help="plain autoregressive decoding of the target")
     gen.add_argument("--no-eos", action="store_true",
@@ -115,6 +121,7 @@ def run(args) -> int:
 
     speculative = not args.no_speculation
     target, drafter, tokenizer = load_pair(args, sampling, lookup, speculative)
+    tree = tree or getattr(drafter, "proposal_tree", None)  # lookahead, retrieval
     chat = args.model == "smollm2" and not args.raw
     if chat:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}])

@@ -1,5 +1,6 @@
 """Loading what a decoding command needs: the bundled pair or checkpoints, SmolLM2, and
-the drafter an option names (draft model, prompt lookup, a feature head, a layer draft),
+the drafter an option names (draft model, prompt lookup, lookahead, retrieval, a feature
+head, a layer draft),
 with every check that needs no model done first (`validate_decoding`)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from specjax.cli.common import CliError, check_dir
 
 HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp")
+MODEL_FREE_CHOICES = ("lookahead", "retrieval")
 
 
 def load_model(path: str | None, name: str):
@@ -75,7 +77,63 @@ def validate_decoding(args):
         raise CliError(str(error).replace("num_draft_tokens", "--num-draft-tokens")) from None
     tree = parse_tree(args)
     check_min_confidence(args, tree)
+    check_model_free_options(args)
     return sampling, lookup, tree
+
+
+def parse_lookahead(text: str):
+    """`--lookahead W,N,G` as a `Lookahead` drafter."""
+    from specjax.drafters import Lookahead
+
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise CliError(f"--lookahead takes W,N,G (three integers: window columns, n-gram "
+                       f"size, n-grams verified; e.g. 5,4,5), got {text!r}")
+    window, ngram, guesses = (int(p) for p in parts)
+    try:
+        return Lookahead(window=window, ngram=ngram, guesses=guesses)
+    except ValueError as error:
+        raise CliError(f"--lookahead: {error}") from None
+
+
+def check_model_free_options(args) -> None:
+    """--lookahead and --datastore: well formed, and only with their drafter."""
+    choice = drafter_choice(args)
+    datastore = getattr(args, "datastore", None)
+    if datastore is not None:
+        if choice != "retrieval":
+            raise CliError("--datastore needs --drafter retrieval")
+        if not os.path.isfile(datastore):
+            raise CliError(f"--datastore {datastore} does not exist (build one with "
+                           "`specjax datastore build --tokenizer ... FILES --out FILE`)")
+    if choice == "lookahead":
+        parse_lookahead(args.lookahead)
+
+
+def default_datastore(args) -> str | None:
+    """--datastore, else SmolLM2's shipped datastore for --model smollm2 (when present)."""
+    if args.datastore is not None:
+        return args.datastore
+    from specjax_models import SMOLLM2_DATASTORE
+
+    return str(SMOLLM2_DATASTORE) if (args.model == "smollm2"
+                                      and SMOLLM2_DATASTORE.exists()) else None
+
+
+def load_model_free(args, choice: str, target, sampling):
+    """The lookahead or retrieval drafter the options describe, checked against target."""
+    if choice == "lookahead":
+        return parse_lookahead(args.lookahead)
+    from specjax.datastore import Datastore
+    from specjax.drafters import Retrieval
+
+    path = default_datastore(args)
+    try:
+        drafter = Retrieval(None if path is None else Datastore.load(path))
+        drafter.check(target, sampling)
+    except (ValueError, FileNotFoundError) as error:
+        raise CliError(f"--datastore {path}: {error}") from None
+    return drafter
 
 
 def check_min_confidence(args, tree) -> None:
@@ -103,7 +161,7 @@ def parse_tree(args):
         return None
     import specjax
 
-    if drafter_choice(args) == "prompt-lookup" or args.no_speculation:
+    if drafter_choice(args) in ("prompt-lookup", *MODEL_FREE_CHOICES) or args.no_speculation:
         raise CliError("--dynamic-tree needs a drafter that scores tokens (--drafter model, "
                        "medusa, eagle, eagle3 or mtp; speculation on)")
     parts = args.dynamic_tree.split(",")
@@ -197,6 +255,8 @@ def load_pair(args, sampling, lookup, speculative: bool):
     drafter = None
     if speculative and choice == "prompt-lookup":
         drafter = lookup
+    elif speculative and choice in MODEL_FREE_CHOICES:
+        drafter = load_model_free(args, choice, target, sampling)
     elif speculative and choice in HEAD_CHOICES:
         drafter = load_head(args, choice, target)
         drafter.check(target, sampling)

@@ -16,9 +16,11 @@ No draft model. Each step, for every row:
    match, the more it is trusted: SuffixDecoding's adaptive speculation length).
 
 The tree is deterministic (q = None): a sampled step accepts x with probability p(x), so
-the output is exact at every temperature. A row without a match offers no node
-(`Proposal.num_real` 0); when no running row has one, the step is a one-token forward,
-plain decoding's cost.
+the output is exact at every temperature. A row offers its real nodes
+(`Proposal.num_real`), the first of the budget; each step verifies the smallest of 0, 1,
+2, 4, ... `max_nodes` nodes that covers every running row's (`graded_num_real`), so it
+pays for the tree it has, and with no match anywhere it is a one-token forward, plain
+decoding's cost.
 """
 
 from __future__ import annotations
@@ -107,6 +109,9 @@ class Retrieval:
     search_own_text: bool = dataclasses.field(default=True, metadata={"static": True})
 
     drafts_trees = True
+    # Real nodes come first (`specjax.tries`): a step verifies only as many nodes as the
+    # running rows offer (0, 1, 2, 4, ... max_nodes), not the whole budget.
+    graded_num_real = True
 
     def __post_init__(self):
         for name in ("max_nodes", "depth", "samples", "max_query", "min_match",
