@@ -20,6 +20,9 @@ _SOURCES = {
     "enable_compilation_cache": "specjax.compilation_cache",
     "DraftModel": "specjax.drafters",
     "PromptLookup": "specjax.drafters",
+    "Lookahead": "specjax.drafters",
+    "Retrieval": "specjax.drafters",
+    "Datastore": "specjax.datastore",
     "DecodeState": "specjax.autoregressive",
     "GenerateOutput": "specjax.autoregressive",
     "decode_step": "specjax.autoregressive",
@@ -42,18 +45,22 @@ _SOURCES = {
     "StreamChunk": "specjax.streaming",
     "speculative_stream": "specjax.streaming",
     "DynamicTree": "specjax.trees",
+    "TreeBudget": "specjax.trees",
     "TreeShape": "specjax.trees",
 }
-_MODULES = ("analysis", "drafters")
+_MODULES = ("analysis", "datastore", "drafters")
 
 __all__ = [
     "GREEDY",
     "CausalLM",
+    "Datastore",
     "DecodeState",
     "DraftModel",
     "DynamicTree",
     "GenerateOutput",
+    "Lookahead",
     "PromptLookup",
+    "Retrieval",
     "SamplingConfig",
     "SamplingParams",
     "SpeculativeConfig",
@@ -61,8 +68,10 @@ __all__ = [
     "SpeculativeState",
     "SpeculativeStats",
     "StreamChunk",
+    "TreeBudget",
     "TreeShape",
     "analysis",
+    "datastore",
     "decode_step",
     "drafters",
     "enable_compilation_cache",
@@ -83,11 +92,12 @@ __getattr__, __dir__ = lazy_attributes(__name__, _SOURCES, globals())
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
-    from specjax import analysis, drafters
+    from specjax import analysis, datastore, drafters
     from specjax.autoregressive import DecodeState, GenerateOutput, decode_step, generate
     from specjax.causal_lm import CausalLM
     from specjax.compilation_cache import enable_compilation_cache
-    from specjax.drafters import DraftModel, PromptLookup
+    from specjax.datastore import Datastore
+    from specjax.drafters import DraftModel, Lookahead, PromptLookup, Retrieval
     from specjax.sampling import (
         GREEDY,
         SamplingConfig,
@@ -105,4 +115,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from specjax.stats import SpeculativeStats
     from specjax.step import SpeculativeConfig, SpeculativeState, jitted_step, speculative_step
     from specjax.streaming import StreamChunk, speculative_stream
-    from specjax.trees import DynamicTree, TreeShape
+    from specjax.trees import DynamicTree, TreeBudget, TreeShape

@@ -110,8 +110,7 @@ def run_build(args) -> int:
     if not texts:
         raise CliError(f"no text in {', '.join(args.files)}")
     tokenizer, vocab_size = load_named_tokenizer(args.tokenizer)
-    encode = getattr(tokenizer, "encode")
-    store, seconds = wall_seconds(lambda: Datastore.build([encode(t) for t in texts],
+    store, seconds = wall_seconds(lambda: Datastore.build([tokenizer.encode(t) for t in texts],
                                                           vocab_size))
     store.save(args.out)
     say(f"{args.out}: {store.num_documents} documents, {store.num_tokens} tokens "
