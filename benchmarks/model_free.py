@@ -55,8 +55,8 @@ def drafters(target, skip) -> dict:
         "lookahead (W=5, N=4, G=5)": (Lookahead(window=5, ngram=4, guesses=5), None),
         "lookahead (W=3, N=3, G=3)": (Lookahead(window=3, ngram=3, guesses=3), None),
         "retrieval (datastore + own text)": (Retrieval(store), None),
-        "retrieval (datastore + own text, 8 nodes)": (
-            Retrieval(store, max_nodes=8, depth=4, max_branching=2), None),
+        "retrieval (datastore + own text, min_probability 0.1)": (
+            Retrieval(store, min_probability=0.1), None),
         "retrieval (own text only)": (Retrieval(None), None),
         f"EAGLE-3 head (K={TRAINED_K})": (load_head_for(SMOLLM2_HEAD, target), TRAINED_K),
         f"distilled 2-layer draft (K={TRAINED_K})": (load_layer_draft(SMOLLM2_DRAFT, target),

@@ -55,7 +55,8 @@ STORE = Datastore.build([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6], [8, 8]], vocab_s
 
 
 def test_the_tree_merges_what_followed_the_match_in_the_datastore():
-    drafter = Retrieval(STORE, max_nodes=6, depth=3, search_own_text=False)
+    drafter = Retrieval(STORE, max_nodes=6, depth=3, search_own_text=False,
+                        min_probability=0.0)
     trees, proposal = _tree(drafter, [[0, 1, 2], [7, 7]])
     assert trees[0] == [(3,), (3, 4), (3, 5), (6,)]
     assert trees[1] == []  # no match: nothing offered
@@ -66,7 +67,7 @@ def test_the_tree_merges_what_followed_the_match_in_the_datastore():
                          min_probability=0.5)
     assert _tree(frequent, [[0, 1, 2]])[0][0] == [(3,)]
     short = Retrieval(STORE, max_nodes=6, depth=3, search_own_text=False,
-                      speculation_factor=0.5)  # a 2-token match: 1 node
+                      min_probability=0.0, speculation_factor=0.5)  # a 2-token match: 1 node
     assert _tree(short, [[0, 1, 2]])[0][0] == [(3,)]
 
 
