@@ -5,9 +5,9 @@
    and SmolLM2-135M, float32 and bfloat16, unrolled against scanned layers (each forward
    timed as a decode loop runs it: `specjax.timing.forward_timer`).
 2. The decode-phase speedup over plain decoding (greedy, batch 1, same run, compile
-   excluded) of the draft-model chain, the EAGLE-3 dynamic tree and prompt lookup, on the
-   bundled pair (its shipped draft and head) and SmolLM2 (the shipped distilled draft and
-   EAGLE-3 head).
+   excluded) of the draft-model chain, the EAGLE-3 dynamic tree, prompt lookup, lookahead
+   and retrieval from the row's own text, on the bundled pair (its shipped draft and
+   head) and SmolLM2 (the shipped distilled draft and EAGLE-3 head).
 
 Results are written after every section, so a run cut short still leaves what it
 measured; `--budget-s` skips what would not fit (recorded as skipped).
@@ -28,6 +28,7 @@ import specjax
 import specjax_models
 from benchmarks.common import machine_record
 from benchmarks.trees import measure
+from specjax.drafters import Lookahead, Retrieval
 from specjax.timing import forward_timer, interleaved_medians
 from specjax.trees import DynamicTree
 
@@ -118,6 +119,11 @@ def decode_speedups(args, budget: Budget) -> list[dict]:
                 head().with_method("greedy"), None, DynamicTree(16, 6, 4)),
             "prompt lookup, chain K=4": lambda: (specjax.PromptLookup(min_ngram_size=1), 4,
                                                  None),
+            # Model-free trees, wide as an accelerator affords (their own TreeBudget).
+            "lookahead W=7 N=4 G=7": lambda: (Lookahead(window=7, ngram=4, guesses=7), None,
+                                              None),
+            "retrieval, own text, 16 nodes": lambda: (Retrieval(None, min_probability=0.1),
+                                                      None, None),
         }
         for label, make in shapes.items():
             if not budget.allows(f"decode {name} {label}"):

@@ -31,7 +31,8 @@ import numpy as np
 
 import specjax
 import specjax_models
-from benchmarks.common import machine_record, median, write_results
+from benchmarks.common import RESULTS, machine_record, median, write_results
+from benchmarks.real import ours
 from benchmarks.real_prompts import PROMPTS
 from specjax.datastore import Datastore
 from specjax.drafters import Lookahead, Retrieval
@@ -87,27 +88,21 @@ def verify_costs(target, widths, batch: int, reps: int = 15) -> dict:
     return costs
 
 
-def decoder(target, drafter, k, sampling, eos_ids, new_tokens):
-    def run(batch, seed):
-        key = jax.random.key(seed)
-        if drafter is None:
-            out = specjax.generate(target, batch, max_new_tokens=new_tokens, sampling=sampling,
-                                   key=key, eos_id=eos_ids, cache_size=CACHE_SIZE)
-            return int(np.asarray(out.lengths).sum()), None
-        out = specjax.speculative_generate(target, drafter, batch, max_new_tokens=new_tokens,
-                                           num_draft_tokens=k, sampling=sampling, key=key,
-                                           eos_id=eos_ids, cache_size=CACHE_SIZE)
-        return int(np.asarray(out.lengths).sum()), out.stats
-    return run
+def verify_cost(nodes_per_step: float, costs: dict) -> float:
+    """The mean verify cost of a step in one-token forwards, at the mean width: exact for
+    a fixed tree (lookahead) and for a mix of one-token and K-draft steps (prompt lookup:
+    the cost is linear between the two), an upper bound for retrieval's graded widths
+    (the cost is concave in the width)."""
+    widths = sorted(int(w) for w in costs)
+    ms = [costs[w] if w in costs else costs[str(w)] for w in widths]
+    return float(np.interp(nodes_per_step + 1, widths, ms) / ms[0])
 
 
-def step_cost(stats_list, nodes: int, costs: dict) -> float:
-    """The mean verify cost per step in one-token forwards: full steps cost
-    forward(nodes + 1), one-token steps (no real draft) 1."""
-    forwards = sum(int(np.sum(s.target_forwards)) for s in stats_list)
-    proposed = sum(int(np.sum(s.proposed)) for s in stats_list)
-    full = proposed / nodes if nodes else 0
-    return (full * costs[nodes + 1] / costs[1] + (forwards - full)) / max(forwards, 1)
+def add_ideal(row: dict, costs: dict) -> None:
+    if "nodes_per_step" in row and row.get("model_free"):
+        v = verify_cost(row["nodes_per_step"], costs)
+        row.update(verify_cost=v, ideal=row["tau"] / v,
+                   efficiency=row["speedup"] / (row["tau"] / v))
 
 
 def main() -> None:
@@ -119,7 +114,18 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--skip", nargs="*", default=[])
     parser.add_argument("--name", default="model_free_cpu")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite the report of an earlier run from its JSON")
     args = parser.parse_args()
+    if args.report_only:
+        earlier = json.loads((RESULTS / f"{args.name}.json").read_text())
+        costs = {int(b): {int(w): ms for w, ms in c.items()}
+                 for b, c in earlier["verify_costs_ms"].items()}
+        for row in earlier["rows"]:
+            row["model_free"] = row.get("model_free", "verify_cost" in row)
+            add_ideal(row, costs[row["batch"]])
+        write_report(argparse.Namespace(**earlier["args"]), earlier["rows"], costs)
+        return
     path = specjax_models.smollm2_path()
     target = specjax_models.from_gguf(path)
     tok = specjax_models.gguf_tokenizer(path)
@@ -128,16 +134,15 @@ def main() -> None:
              for name, (drafter, k) in found.items()}
     requests = {kind: [tok.apply_chat_template([{"role": "user", "content": p}])
                        for p in prompts] for kind, prompts in PROMPTS.items()}
-    costs = {batch: verify_costs(target, [1] + [n + 1 for n in nodes.values()], batch)
+    costs = {batch: verify_costs(target, [1, 2, 3, 5, 9] + [n + 1 for n in nodes.values()],
+                                 batch)
              for batch in args.batches}
     print("verify costs (ms):", costs, flush=True)
     rows = []
     for mode in args.modes:
         sampling = MODES[mode]
-        decoders = {"plain": decoder(target, None, None, sampling, tok.eos_ids,
-                                     args.new_tokens)}
-        decoders.update({name: decoder(target, drafter, k, sampling, tok.eos_ids,
-                                       args.new_tokens) for name, (drafter, k) in found.items()})
+        decoders = {name: ours(target, found, name, sampling, tok.eos_ids, args.new_tokens,
+                               CACHE_SIZE) for name in ["plain", *found]}
         for batch_size in args.batches:
             for kind, every in requests.items():
                 ids = every[:args.prompts_per_kind] if batch_size == 1 else every
@@ -166,11 +171,10 @@ def main() -> None:
                         forwards = sum(int(np.sum(s.target_forwards)) for s in parts)
                         emitted = sum(int(np.sum(s.emitted)) for s in parts)
                         proposed = sum(int(np.sum(s.proposed)) for s in parts)
-                        row.update(tau=emitted / forwards, nodes_per_step=proposed / forwards)
-                        if found[name][1] is None or name.startswith("prompt lookup"):
-                            v = step_cost(parts, nodes[name], costs[batch_size])
-                            row.update(verify_cost=v, ideal=row["tau"] / v,
-                                       efficiency=row["speedup"] / (row["tau"] / v))
+                        row.update(tau=emitted / forwards, nodes_per_step=proposed / forwards,
+                                   model_free=found[name][1] is None
+                                   or name.startswith("prompt lookup"))
+                        add_ideal(row, costs[batch_size])
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     write_report(args, rows, costs)
@@ -195,8 +199,10 @@ def write_report(args, rows, costs) -> None:
         "models/checkpoints/smollm2_datastore.npz (SmolLM2's greedy answers to 512 "
         "training chat prompts and 128 rewrite prompts; none of the evaluation prompts). "
         "tau: tokens per target forward; nodes: drafts verified per step (one-token steps "
-        "count 0); ideal = tau / v, v the measured cost of the average verify forward in "
-        "one-token forwards (model-free: no draft cost); efficiency = speedup / ideal.", "",
+        "count 0); ideal = tau / v, v the measured cost of a verify forward of the mean "
+        "width in one-token forwards (model-free: no draft cost; exact for lookahead's "
+        "fixed tree and prompt lookup's mix of one-token and K-draft steps, an upper bound "
+        "for retrieval's graded widths); efficiency = speedup / ideal.", "",
         "Verify forward cost (ms, 200 tokens of context): "
         + "; ".join(f"batch {b}: " + ", ".join(f"{w} tok {ms:.1f}" for w, ms in c.items())
                     for b, c in costs.items()), "",

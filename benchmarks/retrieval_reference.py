@@ -38,6 +38,7 @@ from specjax.datastore import SEPARATOR, Datastore
 from specjax.drafters import Retrieval
 from specjax.drafters.base import DraftContext
 from specjax.timing import wall_seconds
+from specjax.trees import node_paths
 
 MAX_SPAN = 16
 
@@ -87,16 +88,8 @@ def our_trees(drafter: Retrieval, contexts: list[list[int]], vocab_size: int):
         return match, proposal
 
     match, proposal = jax.tree.map(np.asarray, propose(drafter, context))
-    trees = []
-    for b in range(len(contexts)):
-        paths = {}
-        for n in range(drafter.max_nodes):
-            if proposal.never_accept[b, n]:
-                continue
-            parent = int(proposal.parents[b, n])
-            paths[n] = (() if parent < 0 else paths[parent]) + (int(proposal.tokens[b, n]),)
-        trees.append(set(paths.values()))
-    return match, trees
+    return match, [set(node_paths(proposal.tokens[b], proposal.parents[b],
+                                  ~proposal.never_accept[b])) for b in range(len(contexts))]
 
 
 def accepted(paths: set, truth: list[int]) -> int:

@@ -68,6 +68,7 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
         num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
         prompt_lengths=prompt_lengths, pad_id=pad_id, cache_size=cache_size, tree=tree)
     # A step commits at most one token per accepted depth, plus one.
+    tree = config.tree  # the drafter's own (lookahead, retrieval) when none is given
     width = (config.num_draft_tokens if tree is None else tree.max_depth) + 1
     params = sampling_params(config.sampling, state.lengths.shape[0])
     step_config = compile_key(config, params)

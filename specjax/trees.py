@@ -159,6 +159,29 @@ class TreeShape:
         return jnp.broadcast_to(jnp.asarray(self.parents, jnp.int32), (batch, self.num_nodes))
 
 
+def _positive_ints(settings, names) -> None:
+    """Refuse a setting of a frozen dataclass that is not an int >= 1; store it as int."""
+    for name in names:
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{type(settings).__name__}.{name} must be an int >= 1, got "
+                             f"{value!r}")
+        object.__setattr__(settings, name, int(value))
+
+
+def node_paths(tokens_N, parents_N, keep_N=None) -> list[tuple[int, ...]]:
+    """Host-side: each kept node of one row's tree as its token path from the root (in
+    node order; parents come first). For reading proposals in tests and benchmarks."""
+    tokens_N, parents_N = np.asarray(tokens_N), np.asarray(parents_N)
+    keep_N = np.ones(tokens_N.shape, bool) if keep_N is None else np.asarray(keep_N)
+    paths: dict[int, tuple[int, ...]] = {}
+    for node in range(tokens_N.shape[0]):
+        if keep_N[node]:
+            parent = int(parents_N[node])
+            paths[node] = (() if parent < 0 else paths[parent]) + (int(tokens_N[node]),)
+    return list(paths.values())
+
+
 @dataclasses.dataclass(frozen=True)
 class DynamicTree:
     """The budget of an EAGLE-2 dynamic tree (Li et al. 2024), grown per row inside jit.
@@ -177,11 +200,7 @@ class DynamicTree:
     top_k: int
 
     def __post_init__(self):
-        for name in ("num_nodes", "max_depth", "top_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"DynamicTree.{name} must be an int >= 1, got {value!r}")
-            object.__setattr__(self, name, int(value))
+        _positive_ints(self, ("num_nodes", "max_depth", "top_k"))
         if self.num_nodes > self.pool_size:
             raise ValueError(
                 f"DynamicTree(num_nodes={self.num_nodes}) exceeds the {self.pool_size} nodes "
@@ -222,11 +241,7 @@ class TreeBudget:
     max_branching: int
 
     def __post_init__(self):
-        for name in ("num_nodes", "max_depth", "max_branching"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"TreeBudget.{name} must be an int >= 1, got {value!r}")
-            object.__setattr__(self, name, int(value))
+        _positive_ints(self, ("num_nodes", "max_depth", "max_branching"))
         if self.max_depth > self.num_nodes:
             raise ValueError(f"TreeBudget(max_depth={self.max_depth}) exceeds its "
                              f"num_nodes={self.num_nodes}: a path of d nodes needs d nodes")

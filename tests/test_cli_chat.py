@@ -19,3 +19,17 @@ def test_chat_refuses_bad_options_before_loading():
     out = run_cli("chat", "--num-draft-tokens", "0")
     assert out.returncode == 2 and "--num-draft-tokens" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and out.stdout == ""
+
+
+@pytest.mark.slow
+def test_chat_with_retrieval_remembers_its_replies():
+    """--drafter retrieval: SmolLM2's shipped datastore, then each reply joins it; the
+    second, identical question's reply is drafted from the first."""
+    smollm2_or_skip()
+    chat = run_cli("chat", "--color", "never", "--max-new-tokens", "24", "--drafter",
+                   "retrieval", "--temperature", "0", input="What is 2 + 2?\n" * 2,
+                   timeout=400)
+    assert chat.returncode == 0, chat.stderr
+    taus = [float(line.split("tau ")[1].split()[0]) for line in chat.stderr.splitlines()
+            if "tokens per target forward" in line]
+    assert len(taus) == 2 and taus[1] > 1.0

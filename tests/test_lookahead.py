@@ -16,7 +16,7 @@ from specjax.drafters.lookahead import Lookahead
 from specjax.sampling import sampling_params
 from specjax.speculative_loop import init_speculative_state
 from specjax.step import SpeculativeConfig, propose, verify
-from specjax.trees import TreeBudget
+from specjax.trees import TreeBudget, node_paths
 
 
 def _empty_state(drafter, batch=1, prompt=(0, 1)):
@@ -94,15 +94,19 @@ def test_one_forward_gives_every_node_the_logits_of_its_own_text(tiny_lm):
     assert bool(jnp.any(~proposal.never_accept[:, :6]))  # row 0 has candidates for 2
     logits, _, _ = verify(tiny_lm, state, proposal, config)
     tokens, parents = np.asarray(proposal.tokens), np.asarray(proposal.parents)
+    texts, where = [], []
     for b, prompt in enumerate(prompts):
-        for n in range(tokens.shape[1]):
-            path, current = [], n
-            while current >= 0:
-                path.append(int(tokens[b, current]))
-                current = int(parents[b, current])
-            text = prompt + path[::-1]
-            reference = full_logits(tiny_lm, jnp.asarray([text]))[0, -1]
-            np.testing.assert_allclose(logits[b, n + 1], reference, atol=2e-4)
+        for n, path in enumerate(node_paths(tokens[b], parents[b])):
+            texts.append(prompt + list(path))
+            where.append((b, n))
+    # One causal forward over every node's text, right-padded: a position never sees the
+    # padding after it.
+    width = max(len(text) for text in texts)
+    padded = jnp.asarray([text + [0] * (width - len(text)) for text in texts])
+    reference = full_logits(tiny_lm, padded)
+    for i, (b, n) in enumerate(where):
+        np.testing.assert_allclose(logits[b, n + 1], reference[i, len(texts[i]) - 1],
+                                   atol=2e-4)
 
 
 def test_commit_moves_the_window_up_and_pools_its_columns():

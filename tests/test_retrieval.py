@@ -11,6 +11,7 @@ import specjax
 from specjax.datastore import Datastore
 from specjax.drafters.base import DraftContext
 from specjax.drafters.retrieval import Retrieval, own_text_matches
+from specjax.trees import node_paths
 
 
 def _context(rows, capacity=16, junk=9):
@@ -39,15 +40,8 @@ def _tree(drafter, rows, vocab=10):
     _, proposal = drafter.propose(0, _context(rows), jax.random.key(0),
                                   num_draft_tokens=drafter.max_nodes, sampling=None,
                                   vocab_size=vocab, tree=drafter.proposal_tree)
-    trees = []
-    for b in range(len(rows)):
-        paths = {}
-        for n in range(drafter.max_nodes):
-            if proposal.never_accept[b, n]:
-                continue
-            parent = int(proposal.parents[b, n])
-            paths[n] = (() if parent < 0 else paths[parent]) + (int(proposal.tokens[b, n]),)
-        trees.append(sorted(paths.values()))
+    trees = [sorted(node_paths(proposal.tokens[b], proposal.parents[b],
+                               ~proposal.never_accept[b])) for b in range(len(rows))]
     return trees, proposal
 
 
@@ -79,6 +73,9 @@ def test_the_longest_match_wins_and_equal_matches_are_merged():
     # Own text [1 2] (2 tokens) ties with the datastore's: both sources count.
     tied, _ = _tree(drafter, [[1, 2, 9, 5, 1, 2]])
     assert tied[0] == [(3,), (3, 4), (3, 5), (6,), (9,), (9, 5)]
+    # A bonus for the row's own text breaks the tie its way.
+    own_first = Retrieval(STORE, max_nodes=8, depth=2, min_probability=0.0, own_text_bonus=1)
+    assert _tree(own_first, [[1, 2, 9, 5, 1, 2]])[0][0] == [(9,), (9, 5)]
 
 
 def test_remember_grows_the_datastore_and_the_next_call_drafts_from_it(tiny_lm):
@@ -106,6 +103,8 @@ def test_settings_and_vocabularies_are_validated(tiny_lm):
         Retrieval(max_nodes=6, depth=7)
     with pytest.raises(ValueError, match="min_probability"):
         Retrieval(min_probability=2.0)
+    with pytest.raises(ValueError, match="own_text_bonus"):
+        Retrieval(own_text_bonus=-1)
     with pytest.raises(TypeError, match="Datastore"):
         Retrieval(np.zeros(4))
     with pytest.raises(ValueError, match="pass vocab_size"):

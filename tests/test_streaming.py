@@ -64,3 +64,17 @@ def test_stream_takes_cache_size_and_pad_id_like_speculative_generate(tiny_lm):
         assert kept.tolist() == np.asarray(whole.tokens[b, : int(whole.lengths[b])]).tolist()
     with pytest.raises(ValueError, match="cache_size=8 is too small"):
         next(speculative_stream(tiny_lm, draft, PROMPTS, **{**kwargs, "cache_size": 8}))
+
+
+def test_a_drafter_with_its_own_tree_streams_blocks_of_its_depth(tiny_lm):
+    from specjax.drafters import Lookahead
+
+    lookahead = Lookahead(window=3, ngram=3, guesses=2, buckets=16)
+    kwargs = dict(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0),
+                  key=jax.random.key(2))
+    whole = speculative_generate(tiny_lm, lookahead, PROMPTS, **kwargs)
+    chunks = list(speculative_stream(tiny_lm, lookahead, PROMPTS, **kwargs))
+    assert all(chunk.block.shape == (len(PROMPTS), lookahead.ngram) for chunk in chunks)
+    for b in range(len(PROMPTS)):
+        streamed = [token for chunk in chunks for token in chunk.tokens[b]]
+        assert streamed == np.asarray(whole.tokens[b, :int(whole.lengths[b])]).tolist()

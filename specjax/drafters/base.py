@@ -189,6 +189,15 @@ class Drafter(Protocol):
     def commit(self, state: Any, commit: Commit) -> Any: ...
 
 
+def check_own_tree(drafter, tree) -> None:
+    """Refuse (at trace time) a step configured with another tree than the one a drafter
+    that builds its own (`proposal_tree`) proposes."""
+    if tree != drafter.proposal_tree:
+        raise ValueError(f"{type(drafter).__name__} proposes its own tree, "
+                         f"{drafter.proposal_tree}; the step was configured with {tree} "
+                         "(pass tree=None: decoding takes the drafter's)")
+
+
 def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int, vocab_size: int,
                    tree: TreeShape | DynamicTree | TreeBudget | None = None) -> None:
     """Refuse (at trace time) a proposal that breaks the drafter contract, naming the

@@ -33,7 +33,7 @@ from jax import Array
 from jaxtyping import Int
 
 from specjax.causal_lm import CausalLM
-from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.drafters.base import Commit, DraftContext, Proposal, check_own_tree
 from specjax.sampling import SamplingConfig, SamplingParams
 from specjax.trees import TreeBudget
 from specjax.tries import merge_into_trie
@@ -190,9 +190,7 @@ class Lookahead:
     def propose(self, state: LookaheadState, context: DraftContext, key: Array, *,
                 num_draft_tokens: int, sampling: SamplingParams, vocab_size: int,
                 tree: TreeBudget | None = None) -> tuple[LookaheadState, Proposal]:
-        if tree != self.proposal_tree:
-            raise ValueError(f"Lookahead proposes its own tree, {self.proposal_tree}; the "
-                             f"step was configured with {tree} (pass tree=None)")
+        check_own_tree(self, tree)
         batch = context.lengths.shape[0]
         last_B = jnp.take_along_axis(context.sequence, context.lengths[:, None] - 1,
                                      axis=1)[:, 0]

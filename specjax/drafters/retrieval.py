@@ -34,7 +34,7 @@ from jax import Array
 
 from specjax.causal_lm import CausalLM
 from specjax.datastore import Datastore, continuations, longest_match
-from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.drafters.base import Commit, DraftContext, Proposal, check_own_tree
 from specjax.sampling import SamplingConfig, SamplingParams
 from specjax.trees import TreeBudget
 from specjax.tries import merge_into_trie
@@ -93,7 +93,9 @@ class Retrieval:
       read per source. max_query, min_match: the suffix lengths searched.
     min_probability: drop nodes that fewer than this share of the occurrences pass through.
     max_branching: children kept per node. speculation_factor: when set, a row with a
-      match of m tokens gets at most ceil(factor * m) nodes.
+      match of m tokens gets at most ceil(factor * m) nodes. own_text_bonus: the row's own
+      text wins over the datastore when its match is at most this much shorter (0: the
+      longer match wins, ties merge both).
 
     The defaults favour cheap steps, as a CPU needs: on SmolLM2 with its shipped datastore
     (held-out prompts, greedy), an offline grid over max_nodes 4-16, min_probability
@@ -114,6 +116,7 @@ class Retrieval:
     speculation_factor: float | None = dataclasses.field(default=None,
                                                          metadata={"static": True})
     search_own_text: bool = dataclasses.field(default=True, metadata={"static": True})
+    own_text_bonus: int = dataclasses.field(default=0, metadata={"static": True})
 
     drafts_trees = True
     # Real nodes come first (`specjax.tries`): a step verifies only as many nodes as the
@@ -124,6 +127,7 @@ class Retrieval:
         for name in ("max_nodes", "depth", "samples", "max_query", "min_match",
                      "max_branching"):
             _positive_int(name, getattr(self, name))
+        _positive_int("own_text_bonus", self.own_text_bonus, least=0)
         if self.min_match > self.max_query:
             raise ValueError(f"Retrieval(min_match={self.min_match}) exceeds max_query="
                              f"{self.max_query}")
@@ -182,30 +186,36 @@ class Retrieval:
 
     def candidates(self, context: DraftContext, vocab_size: int):
         """`(sequences [B, C, D], lengths [B, C], match [B])`: the continuations of the
-        sources whose match is the longest (length 0 elsewhere), and that match."""
+        sources whose match is the longest (the row's own text's counting
+        `own_text_bonus` tokens longer; length 0 elsewhere), and that match."""
         sources = []
         if self.datastore is not None:
             start_B, count_B, match_B = longest_match(
                 self.datastore, context.sequence, context.lengths, self.max_query,
                 self.min_match)
             sources.append((*continuations(self.datastore, start_B, count_B, match_B,
-                                           self.samples, self.depth, vocab_size), match_B))
+                                           self.samples, self.depth, vocab_size), match_B, 0))
         if self.search_own_text:
-            sources.append(own_text_matches(context.sequence, context.lengths, self.max_query,
-                                            self.min_match, self.samples, self.depth))
-        best_B = jnp.max(jnp.stack([match for _, _, match in sources]), axis=0)
-        sequences = jnp.concatenate([tokens for tokens, _, _ in sources], axis=1)
-        lengths = jnp.concatenate(
-            [jnp.where((match == best_B)[:, None], length, 0) for _, length, match in sources],
-            axis=1)
-        return sequences, jnp.where((best_B > 0)[:, None], lengths, 0), best_B
+            tokens, lengths, match_B = own_text_matches(
+                context.sequence, context.lengths, self.max_query, self.min_match,
+                self.samples, self.depth)
+            sources.append((tokens, lengths, match_B, self.own_text_bonus))
+        # A source's standing: its match, plus the bonus of the row's own text.
+        standing = [jnp.where(match > 0, match + bonus, 0) for *_, match, bonus in sources]
+        best_B = jnp.max(jnp.stack(standing), axis=0)
+        chosen = [(rank == best_B) & (best_B > 0) for rank in standing]
+        sequences = jnp.concatenate([tokens for tokens, *_ in sources], axis=1)
+        lengths = jnp.concatenate([jnp.where(use[:, None], length, 0)
+                                   for (_, length, *_), use in zip(sources, chosen,
+                                                                   strict=True)], axis=1)
+        match_B = jnp.max(jnp.stack([jnp.where(use, match, 0) for (*_, match, _), use
+                                     in zip(sources, chosen, strict=True)]), axis=0)
+        return sequences, lengths, match_B
 
     def propose(self, state: Array, context: DraftContext, key: Array, *,
                 num_draft_tokens: int, sampling: SamplingParams, vocab_size: int,
                 tree: TreeBudget | None = None) -> tuple[Array, Proposal]:
-        if tree != self.proposal_tree:
-            raise ValueError(f"Retrieval proposes its own tree, {self.proposal_tree}; the "
-                             f"step was configured with {tree} (pass tree=None)")
+        check_own_tree(self, tree)
         sequences_BCD, lengths_BC, match_B = self.candidates(context, vocab_size)
         read_B = jnp.sum(lengths_BC > 0, axis=1)
         min_count_B = jnp.maximum(1, jnp.ceil(self.min_probability * read_B - 1e-6)
