@@ -49,6 +49,7 @@ def decode(target, drafter, prompts, sampling, capacity, new_tokens, *, k=None, 
 
 def measure(target, drafter, prompts, sampling, args, *, k=None, tree=None) -> dict:
     """Speculative vs plain, alternating; the decode phase excludes each first step."""
+    tree = tree if tree is not None else getattr(drafter, "proposal_tree", None)
     nodes = tree.num_nodes if tree is not None else k
     lengths = np.array([len(p) for p in prompts])
     capacity = plan_capacity(lengths, args.new_tokens, target.max_seq_len,

@@ -182,8 +182,22 @@ def node_paths(tokens_N, parents_N, keep_N=None) -> list[tuple[int, ...]]:
     return list(paths.values())
 
 
+class _TreesPerRow:
+    """What a budget whose trees differ per row (`DynamicTree`, `TreeBudget`) tells the
+    step: no chain, and each proposal carries its own `parents`."""
+
+    @property
+    def is_chain(self) -> bool:
+        return False
+
+    @property
+    def per_row(self) -> bool:
+        """True: every row has its own tree, in `Proposal.parents`."""
+        return True
+
+
 @dataclasses.dataclass(frozen=True)
-class DynamicTree:
+class DynamicTree(_TreesPerRow):
     """The budget of an EAGLE-2 dynamic tree (Li et al. 2024), grown per row inside jit.
 
     The drafter expands, at each depth, the `top_k` nodes with the highest cumulative draft
@@ -216,18 +230,9 @@ class DynamicTree:
     def max_branching(self) -> int:
         return self.top_k
 
-    @property
-    def is_chain(self) -> bool:
-        return False
-
-    @property
-    def per_row(self) -> bool:
-        """True: every row has its own tree, in `Proposal.parents`."""
-        return True
-
 
 @dataclasses.dataclass(frozen=True)
-class TreeBudget:
+class TreeBudget(_TreesPerRow):
     """The static bounds of a tree that a drafter builds per row by its own rule (a
     retrieval trie, the lookahead window with its candidate n-grams): `num_nodes` nodes,
     accepted paths of at most `max_depth` nodes, at most `max_branching` children per
@@ -245,15 +250,6 @@ class TreeBudget:
         if self.max_depth > self.num_nodes:
             raise ValueError(f"TreeBudget(max_depth={self.max_depth}) exceeds its "
                              f"num_nodes={self.num_nodes}: a path of d nodes needs d nodes")
-
-    @property
-    def is_chain(self) -> bool:
-        return False
-
-    @property
-    def per_row(self) -> bool:
-        """True: every row has its own tree, in `Proposal.parents`."""
-        return True
 
 
 def tree_depths(parents_BN: Int[Array, "B N"]) -> Int[Array, "B N"]:
