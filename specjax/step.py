@@ -19,6 +19,7 @@ import numpy as np
 from jax import Array
 from jaxtyping import Bool, Int, Key
 
+from specjax.branches import run_one_of
 from specjax.causal_lm import CausalLM
 from specjax.drafters.base import Commit, DraftContext, Proposal, check_proposal
 from specjax.rejection import accept_greedy, accept_sampled
@@ -265,46 +266,24 @@ def _pad_verdict(verdict: Verdict, hidden, target_tokens, path_width: int, nodes
         verdict.emitted[:, -1:], (batch, extra))], axis=1)
     extra_positions = nodes + 1 - hidden.shape[1]
     pad = [(0, 0), (0, extra_positions)] + [(0, 0)] * (hidden.ndim - 2)
-    target_tokens = jnp.pad(target_tokens, [(0, 0), (0, extra_positions)], constant_values=-1)
+    if target_tokens is not None:
+        target_tokens = jnp.pad(target_tokens, [(0, 0), (0, extra_positions)],
+                                constant_values=-1)
     return Verdict(path, verdict.num_accepted, emitted), jnp.pad(hidden, pad), target_tokens
 
 
-def run_one_of(index: Array, branches, cache):
-    """`branches[index](cache)`, each branch returning `(*outputs, new_cache)`, with the
-    cache updated in place.
-
-    A `lax.switch` whose branches return the cache makes XLA copy the whole KV cache once
-    or twice per step (each branch gets its own operand tuple holding the same buffer, and
-    the result is copied back into the decode loop's carry: on SmolLM2 with 512 slots,
-    24 MB per copy). A loop carry is updated in place, so each branch runs as a
-    `while_loop` of 0 or 1 trips over `(outputs, cache)`: the chosen one runs its body
-    once, the others pass the carry through untouched."""
-    shapes = jax.eval_shape(branches[-1], cache)
-    carry = tuple(jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), shapes[:-1]))
-    carry = carry + (cache,)
-    for i, branch in enumerate(branches):
-        def run_branch(trip_and_carry, branch=branch):
-            trip, carried = trip_and_carry
-            return trip + 1, tuple(branch(carried[-1]))
-
-        def chosen_and_not_run(trip_and_carry, i=i):
-            return (trip_and_carry[0] == 0) & (index == i)
-
-        _, carry = jax.lax.while_loop(chosen_and_not_run, run_branch, (jnp.int32(0), carry))
-    return carry
-
-
-def _argmax_tokens(logits_BTV: Array) -> Array:
-    return jnp.argmax(logits_BTV, axis=-1).astype(jnp.int32)
+def _argmax_tokens(logits_BTV: Array, wanted: bool) -> Array | None:
+    return jnp.argmax(logits_BTV, axis=-1).astype(jnp.int32) if wanted else None
 
 
 def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Proposal,
                       config: SpeculativeConfig, sampling: SamplingParams,
                       keys: tuple[Array, Array], feature_layers: tuple[int, ...],
-                      widths: tuple[int, ...] = ()):
+                      widths: tuple[int, ...] = (), target_tokens: bool = False):
     """(b, c, d) Verify the proposal in one target forward and accept exactly. Returns
     `(verdict, hidden, target_tokens, target_cache, verified)`: `target_tokens` int32
     [B, N+1] is the target's argmax at each verified position (-1 where not verified),
+    computed only when asked for (`target_tokens=True`; else None),
     `verified` (int32 scalar) the number of drafts the step verified. With
     `Proposal.num_real`, it is the smallest of `widths` (see `verify_widths`) that covers
     every running row's real drafts: the step verifies only the first `verified` drafts of
@@ -320,7 +299,7 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
             target, dataclasses.replace(state, target_cache=cache), proposal, config,
             feature_layers)
         return (accept(keys, proposal, logits_BN1V, config, sampling), hidden,
-                _argmax_tokens(logits_BN1V), target_cache)
+                _argmax_tokens(logits_BN1V, target_tokens), target_cache)
 
     if proposal.num_real is None:  # static: drafters that always offer real drafts
         return *full(state.target_cache), jnp.int32(num_drafts)
@@ -343,7 +322,8 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
                 target, dataclasses.replace(state, target_cache=cache), shorter, short_config,
                 feature_layers)
             padded = _pad_verdict(accept(keys, shorter, logits, short_config, sampling),
-                                  hidden, _argmax_tokens(logits), path_width, num_drafts)
+                                  hidden, _argmax_tokens(logits, target_tokens), path_width,
+                                  num_drafts)
             return *padded, target_cache
 
         return run
@@ -363,8 +343,8 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
         verdict = Verdict(path=jnp.zeros((batch, 0), jnp.int32),
                           num_accepted=jnp.zeros((batch,), jnp.int32),
                           emitted=next_B[:, None])
-        padded = _pad_verdict(verdict, hidden_B1, _argmax_tokens(logits_B1V), path_width,
-                              num_drafts)
+        padded = _pad_verdict(verdict, hidden_B1, _argmax_tokens(logits_B1V, target_tokens),
+                              path_width, num_drafts)
         return *padded, target_cache
 
     widths = widths or (0, num_drafts)
@@ -433,7 +413,8 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
                                       sampling)
     verdict, hidden_BN1D, target_tokens_BN1, target_cache, verified = verify_and_accept(
         target, state, proposal, config, sampling, (k_accept, k_resample),
-        feature_layers_of(drafter) or (), verify_widths(drafter, config))
+        feature_layers_of(drafter) or (), verify_widths(drafter, config),
+        target_tokens=getattr(drafter, "reads_target_tokens", False))
     sequence, new_lengths_B, num_emitted_B, done_B = emit(state, verdict)
     num_accepted_B = verdict.num_accepted
     if config.tree is not None and not config.tree.is_chain:

@@ -86,6 +86,7 @@ def test_loading_a_gguf_file_does_not_import_orbax():
 # Modules whose tests live in a module named after their family, not after the file.
 TESTED_IN = {
     "specjax/drafters/base.py": "test_step.py",  # the drafter contract, as the step checks it
+    "specjax/branches.py": "test_step.py",  # the step's in-place choice of verify width
     "specjax/drafters/feature_head.py": "test_eagle.py",  # the block the EAGLE heads run
     "specjax/training/checkpoints.py": "test_training.py",
     "specjax/training/config.py": "test_training.py",

@@ -105,7 +105,8 @@ class Commit:
     after the row's num_accepted; for a chain, 0, 1, ...). target_tokens: int32 [B, N+1],
     the target's argmax (its greedy token) at each verified position, the last committed
     token then the N nodes, never-accepted nodes included (what a Jacobi window needs;
-    -1 where a narrower step verified nothing).
+    -1 where a narrower step verified nothing), for a drafter with
+    `reads_target_tokens = True`; None for the others (no argmax computed).
     """
 
     old_lengths: Int[Array, " B"]

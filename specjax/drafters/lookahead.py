@@ -70,6 +70,7 @@ class Lookahead:
     buckets: int = dataclasses.field(default=4096, metadata={"static": True})
 
     drafts_trees = True
+    reads_target_tokens = True  # the Jacobi update: `Commit.target_tokens`
 
     def __post_init__(self):
         minimum = {"window": 1, "ngram": 2, "guesses": 1, "buckets": 1}
