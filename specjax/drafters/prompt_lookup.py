@@ -30,6 +30,28 @@ from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.sampling import SamplingConfig, SamplingParams
 
 
+def suffix_match_lengths(sequence_BS: Array, lengths_B: Array, max_length: int) -> Array:
+    """int32 [B, S]: for each slot e before the row's last token, how many tokens (at most
+    `max_length`) ending at e equal the row's last ones (`sequence[b, :lengths[b]]`); 0
+    elsewhere. The earlier occurrences of the row's suffixes, for prompt lookup and for
+    retrieval from the row's own text."""
+    batch, slots = sequence_BS.shape
+    last_B = lengths_B - 1
+    end_S = jnp.arange(slots, dtype=jnp.int32)
+    back_K = jnp.arange(max_length, dtype=jnp.int32)
+    # Token k places before the row's last token, and before each candidate end e.
+    suffix_BK = jnp.take_along_axis(sequence_BS, jnp.maximum(last_B[:, None] - back_K[None], 0),
+                                    axis=1)
+    window_KS = end_S[None, :] - back_K[:, None]
+    window_BKS = jnp.broadcast_to(jnp.maximum(window_KS, 0)[None], (batch, max_length, slots))
+    tokens_BKS = jnp.take_along_axis(sequence_BS[:, None, :], window_BKS, axis=2)
+    equal_BKS = ((tokens_BKS == suffix_BK[:, :, None]) & (window_KS >= 0)[None]
+                 & (back_K[None, :, None] <= last_B[:, None, None]))
+    length_BS = jnp.sum(jnp.cumprod(equal_BKS.astype(jnp.int32), axis=1), axis=1)
+    # An earlier occurrence ends before the row's last token.
+    return jnp.where(end_S[None, :] < last_B[:, None], length_BS, 0).astype(jnp.int32)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PromptLookup:
@@ -69,31 +91,16 @@ class PromptLookup:
     def lookup(self, sequence_BS: Array, lengths_B: Array, num_draft_tokens: int):
         """`(tokens int32 [B, K], ngram_size int32 [B])`: the drafts, and the n-gram size
         that matched (0 where nothing did)."""
-        batch, slots = sequence_BS.shape
-        n_max = self.max_ngram_size
-        last_B = lengths_B - 1
+        slots = sequence_BS.shape[1]
+        match_BS = suffix_match_lengths(sequence_BS, lengths_B, self.max_ngram_size)
+        # The longest n (at most max_ngram_size, at least min) wins; its latest end.
+        best_size_B = jnp.max(match_BS, axis=1)
+        best_size_B = jnp.where(best_size_B >= self.min_ngram_size, best_size_B, 0)
         end_S = jnp.arange(slots, dtype=jnp.int32)
-        back_K = jnp.arange(n_max, dtype=jnp.int32)
-        # Token k places before the row's last token, and before each candidate end e.
-        suffix_index_BK = jnp.maximum(last_B[:, None] - back_K[None, :], 0)
-        suffix_BK = jnp.take_along_axis(sequence_BS, suffix_index_BK, axis=1)
-        window_KS = end_S[None, :] - back_K[:, None]
-        window_BKS = jnp.broadcast_to(jnp.maximum(window_KS, 0)[None], (batch, n_max, slots))
-        tokens_BKS = jnp.take_along_axis(sequence_BS[:, None, :], window_BKS, axis=2)
-        equal_BKS = (tokens_BKS == suffix_BK[:, :, None]) & (window_KS >= 0)[None]
-        prefix_match_BKS = jnp.cumprod(equal_BKS.astype(jnp.int32), axis=1).astype(bool)
-        # An earlier occurrence ends before the row's last token, and its n tokens must lie
-        # in the committed part of the row.
-        earlier_BS = end_S[None, :] < last_B[:, None]
-        best_end_B = jnp.full((batch,), -1, jnp.int32)
-        best_size_B = jnp.zeros((batch,), jnp.int32)
-        for size in range(self.min_ngram_size, n_max + 1):  # static; longest last wins
-            fits_B = lengths_B > size  # the suffix and one earlier token at least
-            hit_BS = prefix_match_BKS[:, size - 1, :] & earlier_BS & fits_B[:, None]
-            end_B = jnp.max(jnp.where(hit_BS, end_S[None, :], -1), axis=1)
-            found_B = end_B >= 0
-            best_end_B = jnp.where(found_B, end_B, best_end_B)
-            best_size_B = jnp.where(found_B, size, best_size_B)
+        best_end_B = jnp.max(jnp.where((match_BS >= best_size_B[:, None])
+                                       & (best_size_B[:, None] > 0), end_S[None, :], -1),
+                             axis=1)
+        last_B = lengths_B - 1
         start_B = best_end_B + 1
         period_B = jnp.maximum(lengths_B - start_B, 1)
         offsets_K = jnp.arange(num_draft_tokens, dtype=jnp.int32)

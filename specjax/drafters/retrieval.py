@@ -35,6 +35,7 @@ from jax import Array
 from specjax.causal_lm import CausalLM
 from specjax.datastore import Datastore, continuations, longest_match
 from specjax.drafters.base import Commit, DraftContext, Proposal, check_own_tree
+from specjax.drafters.prompt_lookup import suffix_match_lengths
 from specjax.sampling import SamplingConfig, SamplingParams
 from specjax.trees import TreeBudget
 from specjax.tries import merge_into_trie
@@ -52,25 +53,13 @@ def own_text_matches(sequence_BS: Array, lengths_B: Array, max_query: int, min_m
     row's longest suffix (at most `max_query`, at least `min_match` tokens) in its own
     committed tokens, each cut at the row's end."""
     batch, slots = sequence_BS.shape
-    last_B = lengths_B - 1
     end_S = jnp.arange(slots, dtype=jnp.int32)
-    back_Q = jnp.arange(max_query, dtype=jnp.int32)
-    suffix_BQ = jnp.take_along_axis(sequence_BS, jnp.maximum(last_B[:, None] - back_Q[None], 0),
-                                    axis=1)
-    window_QS = end_S[None, :] - back_Q[:, None]
-    window_BQS = jnp.broadcast_to(jnp.maximum(window_QS, 0)[None], (batch, max_query, slots))
-    tokens_BQS = jnp.take_along_axis(sequence_BS[:, None, :], window_BQS, axis=2)
-    equal_BQS = ((tokens_BQS == suffix_BQ[:, :, None]) & (window_QS >= 0)[None]
-                 & (back_Q[None, :, None] <= last_B[:, None, None]))
-    length_BS = jnp.sum(jnp.cumprod(equal_BQS.astype(jnp.int32), axis=1), axis=1)
-    # An earlier occurrence ends before the row's last token.
-    length_BS = jnp.where(end_S[None, :] < last_B[:, None], length_BS, 0)
+    length_BS = suffix_match_lengths(sequence_BS, lengths_B, max_query)
     match_B = jnp.max(length_BS, axis=1)
     match_B = jnp.where(match_B >= min_match, match_B, 0).astype(jnp.int32)
     recent_BS = jnp.where((length_BS == match_B[:, None]) & (match_B[:, None] > 0),
                           end_S[None, :], -1)
-    end_BC, _ = jax.lax.top_k(recent_BS, num_samples)
-    end_BC = jnp.sort(end_BC, axis=1)[:, ::-1]  # the most recent first
+    end_BC, _ = jax.lax.top_k(recent_BS, num_samples)  # the most recent first
     index_BCD = end_BC[:, :, None] + 1 + jnp.arange(depth, dtype=jnp.int32)[None, None, :]
     tokens_BCD = jnp.take_along_axis(
         sequence_BS, jnp.clip(index_BCD, 0, slots - 1).reshape(batch, -1), axis=1
