@@ -28,6 +28,7 @@ import specjax
 import specjax_models
 from benchmarks.common import RESULTS, machine_record, median, sampling_modes, write_results
 from specjax.inputs import plan_capacity
+from specjax.speculative_loop import drafters_tree
 from specjax.timing import forward_timer, interleaved_medians, wall_seconds
 from specjax.trees import DynamicTree, TreeShape
 
@@ -49,7 +50,7 @@ def decode(target, drafter, prompts, sampling, capacity, new_tokens, *, k=None, 
 
 def measure(target, drafter, prompts, sampling, args, *, k=None, tree=None) -> dict:
     """Speculative vs plain, alternating; the decode phase excludes each first step."""
-    tree = tree if tree is not None else getattr(drafter, "proposal_tree", None)
+    tree = drafters_tree(drafter, tree)
     nodes = tree.num_nodes if tree is not None else k
     lengths = np.array([len(p) for p in prompts])
     capacity = plan_capacity(lengths, args.new_tokens, target.max_seq_len,

@@ -33,7 +33,7 @@ import numpy as np
 
 from specjax.causal_lm import CausalLM
 from specjax.sampling import SamplingConfig, probabilities
-from specjax.speculative_loop import SpeculativeOutput, speculative_generate
+from specjax.speculative_loop import SpeculativeOutput, drafters_tree, speculative_generate
 
 # The event JAX records for every XLA compilation (a persistent-cache load included).
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -192,7 +192,7 @@ def speculative_joint_pvalues(target: CausalLM, drafter, prompt: list[int],
     setting and the output."""
     samplings = list(samplings)
     per_row = [config for config in samplings for _ in range(rows_per_setting)]
-    tree = tree if tree is not None else getattr(drafter, "proposal_tree", None)
+    tree = drafters_tree(drafter, tree)
     nodes = tree.num_nodes if tree is not None else num_draft_tokens
     out = speculative_generate(target, drafter, [list(prompt)] * len(per_row),
                                max_new_tokens=num_tokens,

@@ -72,13 +72,14 @@ def run(args) -> int:
     import jax
 
     import specjax
+    from specjax.speculative_loop import drafters_tree
 
     args.target, args.dynamic_tree = None, None
     sampling, lookup, _ = validate_decoding(args)
     speculative = not args.no_speculation
     say("loading SmolLM2-135M-Instruct...")
     target, drafter, tokenizer = load_pair(args, sampling, lookup, speculative)
-    tree = getattr(drafter, "proposal_tree", None)  # lookahead, retrieval: their own trees
+    tree = drafters_tree(drafter, None)  # lookahead, retrieval: their own trees
     nodes = args.num_draft_tokens if tree is None else tree.num_nodes
     paint = painter(use_colour(args.color))
     interactive = sys.stdin is not None and sys.stdin.isatty()

@@ -117,11 +117,12 @@ def run(args) -> int:
 
     import specjax
     from specjax.inputs import plan_capacity
+    from specjax.speculative_loop import drafters_tree
     from specjax.timing import wall_seconds
 
     speculative = not args.no_speculation
     target, drafter, tokenizer = load_pair(args, sampling, lookup, speculative)
-    tree = tree or getattr(drafter, "proposal_tree", None)  # lookahead, retrieval
+    tree = drafters_tree(drafter, tree)  # lookahead, retrieval: their own trees
     chat = args.model == "smollm2" and not args.raw
     if chat:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}])
