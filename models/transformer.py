@@ -648,15 +648,30 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens_BT: Array, positions_BT: Array, cache: KVCache | None = None,
                  cache_lengths_B: Array | None = None, new_mask_BTT: Array | None = None,
-                 feature_layers: tuple[int, ...] = ()):
+                 feature_layers: tuple[int, ...] = (), layers: tuple[int, ...] | None = None):
         """`(logits f32[B,T,V], hidden[B,T,D], cache)`. With `feature_layers` (static layer
         indices), hidden is `[B, T, F + 1, D]`: the residual stream entering each listed
         layer, then the final (normed) hidden state, from this same forward (EAGLE-3 reads
-        layers 2, L // 2 and L - 3)."""
+        layers 2, L // 2 and L - 3).
+
+        `layers` (static, increasing layer indices; None: all): run only these blocks, the
+        others pass the residual stream through unchanged and their cache entries are not
+        touched (self-speculation drafts with the target's own weights this way, reading
+        the cache the full model wrote for the layers it runs)."""
         cfg = self.config
         for layer in feature_layers:
             if not 0 <= layer < cfg.num_layers:
                 raise ValueError(f"feature layer {layer} is outside [0, {cfg.num_layers})")
+        if layers is not None:
+            layers = tuple(layers)
+            if list(layers) != sorted(set(layers)) or any(
+                    not 0 <= i < cfg.num_layers for i in layers):
+                raise ValueError(f"layers must be increasing indices in [0, {cfg.num_layers}),"
+                                 f" got {layers}")
+            if feature_layers:
+                raise ValueError("feature_layers with a subset of layers is not defined: the "
+                                 "residual streams then differ from the full model's")
+        running = range(cfg.num_layers) if layers is None else layers
         if cache is not None and cache_lengths_B is None:
             raise ValueError("cache_lengths is required when a cache is given")
         positions_BT = positions_BT.astype(jnp.int32)
@@ -699,20 +714,36 @@ class Transformer(nnx.Module):
                 params, layer, window = layer_inputs
                 return run_layer(nnx.merge(block_def, params), *carry, layer, window), None
 
+            def subset_body(carry, layer_inputs):
+                # A layer subset indexes the stacked parameters inside the loop: gathering
+                # them first would copy the kept layers' weights at every call.
+                layer, window = layer_inputs
+                params = jax.tree.map(
+                    lambda stack: jax.lax.dynamic_index_in_dim(stack, layer, keepdims=False),
+                    layer_params)
+                return run_layer(nnx.merge(block_def, params), *carry, layer, window), None
+
             cache_kv = None if cache is None else (cache.keys, cache.values)
-            (x_BTD, cache_kv, features), _ = jax.lax.scan(
-                scan_body, (x_BTD, cache_kv, features),
-                (layer_params, jnp.arange(cfg.num_layers, dtype=jnp.int32), windows_L))
+            if layers is None:
+                (x_BTD, cache_kv, features), _ = jax.lax.scan(
+                    scan_body, (x_BTD, cache_kv, features),
+                    (layer_params, jnp.arange(cfg.num_layers, dtype=jnp.int32), windows_L))
+            elif layers:
+                index_R = jnp.asarray(layers, jnp.int32)
+                (x_BTD, cache_kv, features), _ = jax.lax.scan(
+                    subset_body, (x_BTD, cache_kv, features),
+                    (index_R, None if windows_L is None else windows_L[index_R]))
             new_kv = cache_kv
         else:
             new_keys, new_values = [], []
             for index, block in enumerate(self.layers):
-                # This layer's arrays as a one-layer stack (a free reshape), so both layouts
-                # share the attention code; the write stays in place.
                 layer_kv = None if cache is None else (cache.keys[index][None],
                                                        cache.values[index][None])
-                x_BTD, layer_kv, features = run_layer(block, x_BTD, layer_kv, features, index,
-                                                      windows[index])
+                if index in running:
+                    # This layer's arrays as a one-layer stack (a free reshape), so both
+                    # layouts share the attention code; the write stays in place.
+                    x_BTD, layer_kv, features = run_layer(block, x_BTD, layer_kv, features,
+                                                          index, windows[index])
                 if layer_kv is not None:
                     new_keys.append(layer_kv[0][0])
                     new_values.append(layer_kv[1][0])

@@ -21,6 +21,8 @@ _SOURCES = {
     "DraftModel": "specjax.drafters",
     "PromptLookup": "specjax.drafters",
     "Lookahead": "specjax.drafters",
+    "LayerSkip": "specjax.drafters",
+    "AdaptiveLength": "specjax.drafters",
     "Retrieval": "specjax.drafters",
     "Datastore": "specjax.datastore",
     "DecodeState": "specjax.autoregressive",
@@ -48,16 +50,18 @@ _SOURCES = {
     "TreeBudget": "specjax.trees",
     "TreeShape": "specjax.trees",
 }
-_MODULES = ("analysis", "datastore", "drafters")
+_MODULES = ("analysis", "datastore", "drafters", "layer_search")
 
 __all__ = [
     "GREEDY",
+    "AdaptiveLength",
     "CausalLM",
     "Datastore",
     "DecodeState",
     "DraftModel",
     "DynamicTree",
     "GenerateOutput",
+    "LayerSkip",
     "Lookahead",
     "PromptLookup",
     "Retrieval",
@@ -77,6 +81,7 @@ __all__ = [
     "enable_compilation_cache",
     "generate",
     "init_speculative_state",
+    "layer_search",
     "jitted_step",
     "probabilities",
     "sample_tokens",
@@ -92,12 +97,19 @@ __getattr__, __dir__ = lazy_attributes(__name__, _SOURCES, globals())
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
-    from specjax import analysis, datastore, drafters
+    from specjax import analysis, datastore, drafters, layer_search
     from specjax.autoregressive import DecodeState, GenerateOutput, decode_step, generate
     from specjax.causal_lm import CausalLM
     from specjax.compilation_cache import enable_compilation_cache
     from specjax.datastore import Datastore
-    from specjax.drafters import DraftModel, Lookahead, PromptLookup, Retrieval
+    from specjax.drafters import (
+        AdaptiveLength,
+        DraftModel,
+        LayerSkip,
+        Lookahead,
+        PromptLookup,
+        Retrieval,
+    )
     from specjax.sampling import (
         GREEDY,
         SamplingConfig,

@@ -1,10 +1,32 @@
-"""One of several branches that update a buffer, chosen by a traced index, in place."""
+"""Verifying fewer drafts: the widths a step may verify, and one of several branches that
+update a buffer, chosen by a traced index, in place."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from jax import Array
+
+from specjax.trees import TreeBudget
+
+
+def verify_widths(drafter, config) -> tuple[int, ...]:
+    """The numbers of drafts a step (`SpeculativeConfig` `config`) may verify when the
+    drafter says how many of its drafts are real (`Proposal.num_real`): 0 (a one-token
+    forward) or all N, or, for a drafter whose count is graded (`graded_num_real`), every
+    width from 0 to K of a chain (e.g. a confidence threshold), or 0, 1, 2, 4, ... N nodes
+    of a `TreeBudget` tree whose real nodes come first (retrieval). Each width is its own
+    compiled target forward."""
+    k = config.num_draft_tokens
+    if not getattr(drafter, "graded_num_real", False):
+        return (0, k)
+    if config.tree is None:
+        return tuple(range(k + 1))
+    if isinstance(config.tree, TreeBudget):
+        # A tree drafter whose count is graded puts its real nodes first, in topological
+        # order, so a prefix of its nodes is a tree: widths in powers of two, then N.
+        return (0,) + tuple(1 << i for i in range(k.bit_length()) if 1 << i < k) + (k,)
+    return (0, k)
 
 
 def run_one_of(index: Array, branches, cache):

@@ -32,12 +32,12 @@ class _NnxApply:
     graphdef: Any
 
     def __call__(self, params, tokens, positions, cache, cache_lengths, new_mask=None,
-                 feature_layers=()):
+                 feature_layers=(), layers=None):
         module = nnx.merge(self.graphdef, params)
+        extra = {} if layers is None else {"layers": layers}
         if feature_layers:
-            return module(tokens, positions, cache, cache_lengths, new_mask,
-                          feature_layers=feature_layers)
-        return module(tokens, positions, cache, cache_lengths, new_mask)
+            extra["feature_layers"] = feature_layers
+        return module(tokens, positions, cache, cache_lengths, new_mask, **extra)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +95,9 @@ class CausalLM:
       prefill_chunk: prompts wider than this are prefilled in chunks of this many tokens
         (bounded memory, one compiled forward; see `prefill`); None: one forward. Change
         it with `lm.with_prefill_chunk(n)`.
+      num_layers: the model's number of blocks when `apply_fn` takes `layers=` (a static
+        tuple of block indices to run, the others skipped: self-speculation, see
+        `specjax.drafters.LayerSkip`); None when it does not (`from_nnx` sets it).
 
     The functions are static (jit's cache key): they must be hashable and compare equal
     when they compute the same thing (module-level functions or frozen dataclasses), so
@@ -110,6 +113,7 @@ class CausalLM:
     full_forward_fn: Callable | None = _static(default=None)
     compact_fn: Callable | None = _static(default=None)
     prefill_chunk: int | None = _static(default=DEFAULT_PREFILL_CHUNK)
+    num_layers: int | None = _static(default=None)
 
     def __post_init__(self):
         if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) \
@@ -120,6 +124,11 @@ class CausalLM:
                                                or self.prefill_chunk < 1):
             raise ValueError(f"prefill_chunk must be a positive int or None (one forward "
                              f"for the whole prompt), got {self.prefill_chunk!r}")
+        if self.num_layers is not None and (isinstance(self.num_layers, bool) or not
+                                            isinstance(self.num_layers, int)
+                                            or self.num_layers < 1):
+            raise ValueError(f"num_layers must be a positive int or None, got "
+                             f"{self.num_layers!r}")
 
     @classmethod
     def from_nnx(cls, module: nnx.Module) -> CausalLM:
@@ -145,16 +154,28 @@ class CausalLM:
         compact = _NnxCompact(graphdef) if hasattr(module, "compact_cache") else None
         return cls(params, _NnxApply(graphdef), _NnxInitCache(graphdef),
                    vocab_size=config.vocab_size, max_seq_len=getattr(config, "max_seq_len", None),
-                   full_forward_fn=_NnxFullForward(graphdef), compact_fn=compact)
+                   full_forward_fn=_NnxFullForward(graphdef), compact_fn=compact,
+                   num_layers=getattr(config, "num_layers", None))
 
     def apply(self, tokens_BT: Array, positions_BT: Array, cache, cache_lengths_B: Array,
-              new_mask_BTT: Array | None = None, feature_layers: tuple[int, ...] = ()):
+              new_mask_BTT: Array | None = None, feature_layers: tuple[int, ...] = (),
+              layers: tuple[int, ...] | None = None):
         """`(logits f32[B,T,V], hidden[B,T,D], cache)` for T new tokens per row.
 
         `feature_layers` (static): hidden becomes `[B, T, F + 1, D]`, the residual stream
         entering each listed layer then the final hidden state, from the same forward;
         `apply_fn` must then take a `feature_layers=` keyword (`from_nnx` models do).
+        `layers` (static increasing block indices, None: all): run only those blocks
+        (see `num_layers`); the cache entries of the others are left as they were.
         """
+        if layers is not None:
+            if self.num_layers is None:
+                raise ValueError("this CausalLM cannot run a subset of its layers: its "
+                                 "apply_fn takes no layers= (give num_layers=, or build it "
+                                 "with CausalLM.from_nnx from a specjax_models.Transformer)")
+            return self.apply_fn(self.params, tokens_BT, positions_BT, cache, cache_lengths_B,
+                                 new_mask_BTT, feature_layers=tuple(feature_layers),
+                                 layers=tuple(layers))
         if feature_layers:
             return self.apply_fn(self.params, tokens_BT, positions_BT, cache, cache_lengths_B,
                                  new_mask_BTT, feature_layers=tuple(feature_layers))

@@ -39,6 +39,13 @@ def _leading_true(mask_BK: Array) -> Array:
     return jnp.sum(jnp.cumprod(mask_BK.astype(jnp.int32), axis=-1), axis=-1).astype(jnp.int32)
 
 
+def _within_limit(accepted_BK: Array, limit_B: Array | None) -> Array:
+    """Acceptances of the drafts each row offers (all K when `limit_B` is None)."""
+    if limit_B is None:
+        return accepted_BK
+    return accepted_BK & (jnp.arange(accepted_BK.shape[1])[None] < limit_B[:, None])
+
+
 def residual_distribution(p_BV: Array, q_BV: Array) -> Array:
     """normalise((p - q)+) in float32. When float rounding leaves no positive mass (p and
     q equal up to rounding, where a rejection has probability ~0) it falls back to p."""
@@ -48,7 +55,7 @@ def residual_distribution(p_BV: Array, q_BV: Array) -> Array:
 
 
 def accept_sampled(key_accept: Array, key_resample: Array, draft_tokens_BK: Array,
-                   q_BKV: Array, p_BK1V: Array) -> Acceptance:
+                   q_BKV: Array, p_BK1V: Array, limit_B: Array | None = None) -> Acceptance:
     """Speculative sampling acceptance for every row and position at once.
 
     Args:
@@ -57,6 +64,9 @@ def accept_sampled(key_accept: Array, key_resample: Array, draft_tokens_BK: Arra
       q_BKV: float32 distributions the drafts were drawn from (one-hot for deterministic
         drafts: accept with probability p(x), residual = p without x).
       p_BK1V: float32 warped target distributions at the K+1 verified positions.
+      limit_B: optional int32 [B], the drafts row b offers (<= K, decided before the
+        verification): its chain is cut there, so accepting all of them draws the bonus
+        from p at that position (q there counts as 0). Exact as a chain of that length.
     """
     batch, num_draft = draft_tokens_BK.shape
     p_BK1V = p_BK1V.astype(jnp.float32)
@@ -67,25 +77,30 @@ def accept_sampled(key_accept: Array, key_resample: Array, draft_tokens_BK: Arra
     uniform_BK = jax.vmap(lambda k: jax.random.uniform(k, (num_draft,)))(
         row_keys(key_accept, batch))
     # u < p/q without a division; q(x) > 0 because x was drawn from q.
-    accepted_BK = uniform_BK * q_of_draft_BK < p_of_draft_BK
+    accepted_BK = _within_limit(uniform_BK * q_of_draft_BK < p_of_draft_BK, limit_B)
     num_accepted_B = _leading_true(accepted_BK)
     q_padded_BK1V = jnp.concatenate([q_BKV, jnp.zeros_like(q_BKV[:, :1])], axis=1)
     at_B11 = num_accepted_B[:, None, None]
     p_next_BV = jnp.take_along_axis(p_BK1V, at_B11, axis=1)[:, 0]
     q_next_BV = jnp.take_along_axis(q_padded_BK1V, at_B11, axis=1)[:, 0]
+    if limit_B is not None:  # a row that accepted all it offered draws its bonus from p
+        q_next_BV = jnp.where((num_accepted_B >= limit_B)[:, None], 0.0, q_next_BV)
     next_token_B = sample_from_probs(row_keys(key_resample, batch),
                                      residual_distribution(p_next_BV, q_next_BV))
     return Acceptance(num_accepted_B, jnp.arange(num_draft)[None, :] < num_accepted_B[:, None],
                       next_token_B)
 
 
-def accept_greedy(draft_tokens_BK: Array, target_logits_BK1V: Array) -> Acceptance:
+def accept_greedy(draft_tokens_BK: Array, target_logits_BK1V: Array,
+                  limit_B: Array | None = None) -> Acceptance:
     """Greedy target (temperature 0): accept while the draft equals the target argmax;
     the next token is the target argmax at the first mismatch (or the bonus position).
-    This is the sampled rule with one-hot p, decided at trace time with no draws."""
+    This is the sampled rule with one-hot p, decided at trace time with no draws.
+    `limit_B`: as in `accept_sampled`."""
     num_draft = draft_tokens_BK.shape[1]
     argmax_BK1 = jnp.argmax(target_logits_BK1V, axis=-1).astype(jnp.int32)
-    num_accepted_B = _leading_true(draft_tokens_BK == argmax_BK1[:, :num_draft])
+    num_accepted_B = _leading_true(_within_limit(draft_tokens_BK == argmax_BK1[:, :num_draft],
+                                                 limit_B))
     next_token_B = jnp.take_along_axis(argmax_BK1, num_accepted_B[:, None], axis=1)[:, 0]
     return Acceptance(num_accepted_B, jnp.arange(num_draft)[None, :] < num_accepted_B[:, None],
                       next_token_B)

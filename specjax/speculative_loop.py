@@ -18,6 +18,7 @@ import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM, prefill
+from specjax.drafters.base import drafter_key
 from specjax.drafters.draft_model import DraftModel
 from specjax.inputs import check_pad_id, first_columns, prepare_batch, resolve_key
 from specjax.sampling import SamplingConfig, SamplingParams, distinct_configs, sampling_params
@@ -53,7 +54,7 @@ def as_drafter(draft):
 @functools.partial(jax.jit, static_argnames=("capacity", "num_draft_tokens", "drafter_type"))
 def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengths_B: Array,
                 key: Array, max_new_tokens: Array, eos_ids: Array, *, capacity: int,
-                num_draft_tokens: int, drafter_type: type) -> SpeculativeState:
+                num_draft_tokens: int, drafter_type: tuple) -> SpeculativeState:
     del drafter_type  # in the compile key only (see step.compiled_step)
     batch, width = prompt_tokens_BP.shape
     cache = target.init_cache(batch, capacity)
@@ -167,7 +168,7 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
     state = _init_state(target, drafter, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
                         resolve_key(key, sampling), jnp.int32(max_new_tokens), jnp.asarray(eos_ids),
                         capacity=capacity, num_draft_tokens=config.num_draft_tokens,
-                        drafter_type=type(drafter))
+                        drafter_type=drafter_key(drafter))
     return state, drafter
 
 
@@ -176,7 +177,7 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
                    donate_argnames=("state",))
 def _speculative_loop(target: CausalLM, drafter, state: SpeculativeState,
                       config: SpeculativeConfig, sampling: SamplingParams, *,
-                      drafter_type: type) -> SpeculativeState:
+                      drafter_type: tuple) -> SpeculativeState:
     # `config` is `compile_key(...)`: its sampling values are in `sampling` (data).
     del drafter_type  # in the compile key only (see step.compiled_step)
     return jax.lax.while_loop(
@@ -255,7 +256,7 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
         prompt_lengths=prompt_lengths, pad_id=pad_id, cache_size=cache_size, tree=tree)
     params = sampling_params(config.sampling, state.lengths.shape[0])
     state = _speculative_loop(target, drafter, state, compile_key(config, params), params,
-                              drafter_type=type(drafter))
+                              drafter_type=drafter_key(drafter))
     tokens = first_columns(_generated_tokens(state, jnp.int32(pad_id)), max_new_tokens)
     return SpeculativeOutput(tokens=tokens, lengths=state.num_generated,
                              stats=SpeculativeStats.from_state(state))

@@ -19,9 +19,15 @@ import numpy as np
 from jax import Array
 from jaxtyping import Bool, Int, Key
 
-from specjax.branches import run_one_of
+from specjax.branches import run_one_of, verify_widths
 from specjax.causal_lm import CausalLM
-from specjax.drafters.base import Commit, DraftContext, Proposal, check_proposal
+from specjax.drafters.base import (
+    Commit,
+    DraftContext,
+    Proposal,
+    check_proposal,
+    drafter_key,
+)
 from specjax.rejection import accept_greedy, accept_sampled
 from specjax.sampling import (
     GREEDY,
@@ -146,18 +152,30 @@ class Verdict:
 
 
 def propose(drafter, state: SpeculativeState, key: Array, config: SpeculativeConfig,
-            vocab_size: int, sampling: SamplingParams) -> tuple[object, Proposal]:
-    """(a) The drafter's proposal, checked against the contract."""
+            target: CausalLM, sampling: SamplingParams) -> tuple[object, Proposal, Any]:
+    """(a) The drafter's proposal, checked against the contract. Returns `(drafter_state,
+    proposal, target_cache)`: a drafter that drafts with the target itself
+    (`drafts_with_target`, self-speculation) also gets the target and its cache, and may
+    write keys and values in the cache's slots from the last committed token on, which
+    the verify forward overwrites before anything reads them."""
     extra = {} if config.tree is None else {"tree": config.tree}
-    drafter_state, proposal = drafter.propose(
-        state.drafter_state, DraftContext(state.sequence, state.lengths), key,
-        num_draft_tokens=config.num_draft_tokens, sampling=sampling,
-        vocab_size=vocab_size, **extra)
+    context = DraftContext(state.sequence, state.lengths)
+    target_cache = state.target_cache
+    if getattr(drafter, "drafts_with_target", False):
+        drafter_state, proposal, target_cache = drafter.propose(
+            state.drafter_state, context, key, num_draft_tokens=config.num_draft_tokens,
+            sampling=sampling, vocab_size=target.vocab_size, target=target,
+            target_cache=target_cache, **extra)
+    else:
+        drafter_state, proposal = drafter.propose(
+            state.drafter_state, context, key, num_draft_tokens=config.num_draft_tokens,
+            sampling=sampling, vocab_size=target.vocab_size, **extra)
+    vocab_size = target.vocab_size
     check_proposal(drafter, proposal, state.lengths.shape[0], config.num_draft_tokens,
                    vocab_size, tree=config.tree)
     parents = None if proposal.parents is None else proposal.parents.astype(jnp.int32)
     return drafter_state, dataclasses.replace(
-        proposal, tokens=proposal.tokens.astype(jnp.int32), parents=parents)
+        proposal, tokens=proposal.tokens.astype(jnp.int32), parents=parents), target_cache
 
 
 def tree_parents(proposal: Proposal, config: SpeculativeConfig) -> Array:
@@ -208,11 +226,14 @@ def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
     one-hot (it then accepts exactly the drafts equal to the argmax, and its correction or
     bonus is the argmax: greedy output, whatever the draft's q)."""
     if config.tree is None:
+        # A row that offers fewer drafts (`num_real`) than the step verifies accepts only
+        # those: a chain of its own length, so the stats count the drafts offered.
+        limit_B = offered_drafts(proposal, config.num_draft_tokens)
         if sampling.greedy:
-            linear = accept_greedy(proposal.tokens, logits_BN1V)
+            linear = accept_greedy(proposal.tokens, logits_BN1V, limit_B)
         else:
             linear = accept_sampled(*keys, proposal.tokens, proposal.q,
-                                    probabilities(logits_BN1V, sampling))
+                                    probabilities(logits_BN1V, sampling), limit_B)
         num_draft = config.num_draft_tokens
         path_BK = jnp.where(linear.accepted, jnp.arange(num_draft, dtype=jnp.int32)[None], -1)
         num_accepted_B, next_B = linear.num_accepted, linear.next_token
@@ -236,23 +257,12 @@ def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
     return Verdict(path_BK, num_accepted_B, emitted_BK1)
 
 
-def verify_widths(drafter, config: SpeculativeConfig) -> tuple[int, ...]:
-    """The numbers of drafts a step may verify when the drafter says how many of its
-    drafts are real (`Proposal.num_real`): 0 (a one-token forward) or all N, or, for a
-    drafter whose count is graded (`graded_num_real`), every width from 0 to K of a chain
-    (e.g. a confidence threshold), or 0, 1, 2, 4, ... N nodes of a `TreeBudget` tree
-    whose real nodes come first (retrieval). Each width is its own compiled target
-    forward."""
-    k = config.num_draft_tokens
-    if not getattr(drafter, "graded_num_real", False):
-        return (0, k)
-    if config.tree is None:
-        return tuple(range(k + 1))
-    if isinstance(config.tree, TreeBudget):
-        # A tree drafter whose count is graded puts its real nodes first, in topological
-        # order, so a prefix of its nodes is a tree: widths in powers of two, then N.
-        return (0,) + tuple(1 << i for i in range(k.bit_length()) if 1 << i < k) + (k,)
-    return (0, k)
+def offered_drafts(proposal: Proposal, width: int) -> Array | None:
+    """int32 [B]: the drafts of a chain each row offers (`num_real`, at most `width`), or
+    None when every row offers all."""
+    if proposal.num_real is None:
+        return None
+    return jnp.clip(proposal.num_real, 0, width).astype(jnp.int32)
 
 
 def _pad_verdict(verdict: Verdict, hidden, target_tokens, path_width: int, nodes: int):
@@ -312,7 +322,7 @@ def verify_and_accept(target: CausalLM, state: SpeculativeState, proposal: Propo
         def run(cache):
             shorter = Proposal(tokens=proposal.tokens[:, :width], q=cut(proposal.q),
                                never_accept=cut(proposal.never_accept),
-                               parents=cut(proposal.parents))
+                               parents=cut(proposal.parents), num_real=proposal.num_real)
             tree = config.tree
             if tree is not None:
                 tree = TreeBudget(num_nodes=width, max_depth=min(tree.max_depth, width),
@@ -409,8 +419,9 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     active_B = ~state.done
     lengths_B = state.lengths
 
-    drafter_state, proposal = propose(drafter, state, k_draft, config, target.vocab_size,
-                                      sampling)
+    drafter_state, proposal, target_cache = propose(drafter, state, k_draft, config, target,
+                                                    sampling)
+    state = dataclasses.replace(state, target_cache=target_cache)
     verdict, hidden_BN1D, target_tokens_BN1, target_cache, verified = verify_and_accept(
         target, state, proposal, config, sampling, (k_accept, k_resample),
         feature_layers_of(drafter) or (), verify_widths(drafter, config),
@@ -430,7 +441,9 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
     num_nodes = config.num_draft_tokens
     depth = verdict.path.shape[1]
     active_i = active_B.astype(jnp.int32)
-    verified_i = active_i * (verified > 0).astype(jnp.int32)  # rows whose drafts were verified
+    offered_B = jnp.broadcast_to(verified, (batch,))  # drafts verified for the row
+    if config.tree is None and proposal.num_real is not None:
+        offered_B = jnp.minimum(offered_drafts(proposal, num_nodes), verified)
     on_path_BN = jnp.any(verdict.path[:, :, None] == jnp.arange(num_nodes)[None, None, :],
                          axis=1)
     return SpeculativeState(
@@ -440,8 +453,9 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
         target_forwards=state.target_forwards + active_i,
         draft_forwards=state.draft_forwards + active_i * drafter.forwards_per_step(
             num_nodes, **({} if config.tree is None else {"tree": config.tree})),
-        proposed=state.proposed + active_i * verified,
-        checked=state.checked + verified_i * jnp.minimum(num_accepted_B + 1, depth),
+        proposed=state.proposed + active_i * offered_B,
+        checked=state.checked + active_i * jnp.minimum(num_accepted_B + 1,
+                                                       jnp.minimum(offered_B, depth)),
         accepted=state.accepted + active_i * num_accepted_B,
         accepted_per_position=state.accepted_per_position
         + (on_path_BN & active_B[:, None]).astype(jnp.int32),
@@ -464,10 +478,10 @@ def compile_key(config: SpeculativeConfig, sampling: SamplingParams) -> Speculat
                    donate_argnames=("state",))
 def compiled_step(target: CausalLM, drafter, state: SpeculativeState,
                   config: SpeculativeConfig, sampling: SamplingParams, *,
-                  drafter_type: type) -> SpeculativeState:
+                  drafter_type: tuple) -> SpeculativeState:
     """`speculative_step` compiled per (shapes, `config`, the drafter's class): pass
     `compile_key(config, sampling)` as the config, the values as `sampling`, and
-    `type(drafter)`. The class is in the key because JAX's tree structures of a
+    `drafter_key(drafter)`. The class is in the key because JAX's tree structures of a
     registered dataclass and of a subclass with the same fields compare equal (while
     their hashes differ): a subclass that drafts differently could otherwise, now and
     then, be handed its parent's compiled program."""
@@ -485,4 +499,4 @@ def jitted_step(target: CausalLM, drafter, state: SpeculativeState,
                         f"{type(config).__name__}")
     sampling = sampling_params(config.sampling, state.lengths.shape[0])
     return compiled_step(target, drafter, state, compile_key(config, sampling), sampling,
-                         drafter_type=type(drafter))
+                         drafter_type=drafter_key(drafter))

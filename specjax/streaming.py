@@ -18,6 +18,7 @@ import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM
+from specjax.drafters.base import drafter_key
 from specjax.sampling import SamplingConfig, sampling_params
 from specjax.speculative_loop import start_decoding
 from specjax.stats import SpeculativeStats
@@ -75,7 +76,7 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
     step = 0
     while True:
         state = compiled_step(target, drafter, state, step_config, params,
-                              drafter_type=type(drafter))
+                              drafter_type=drafter_key(drafter))
         step += 1
         emitted, accepted, done, window = jax.device_get(
             (state.step_emitted, state.step_accepted, state.done,

@@ -26,8 +26,10 @@ import specjax_models
 from specjax import GREEDY, DraftModel, PromptLookup, SamplingConfig
 from specjax.datastore import Datastore
 from specjax.drafters import (
+    AdaptiveLength,
     Eagle,
     FeatureHeadConfig,
+    LayerSkip,
     Lookahead,
     Medusa,
     Retrieval,
@@ -118,6 +120,13 @@ def retrieval(**settings):
     return make
 
 
+def layer_skip(**settings):
+    def make(draft, target):
+        return LayerSkip(skip=(target.num_layers - 1,), allow_empty=True, **settings)
+
+    return make
+
+
 ENTRIES = {
     "draft model, chain, sampled": Entry(lambda d, t: DraftModel(d, "sample")),
     "draft model, chain, argmax": Entry(lambda d, t: DraftModel(d, "greedy"), slow_stats=True),
@@ -175,6 +184,16 @@ ENTRIES = {
         lambda d, t: Retrieval(None, max_nodes=5, depth=3, speculation_factor=1.5,
                                min_probability=0.0), None,
         stat_prompt=(1, 5, 2, 1, 5, 2, 1), slow_greedy=True, slow_stats=True),
+    # Self-speculation: the target without its last block (the micro target's only one),
+    # on its own weights and cache; a per-row draft length that follows acceptance.
+    "layer skip, chain, sampled": Entry(layer_skip()),
+    "layer skip, chain, argmax, confidence threshold": Entry(
+        layer_skip(method="greedy", min_confidence=0.2), slow_greedy=True, slow_stats=True),
+    "draft model, chain, adaptive length": Entry(
+        lambda d, t: AdaptiveLength(DraftModel(d, "sample"), start=1)),
+    "layer skip, chain, adaptive length": Entry(
+        lambda d, t: AdaptiveLength(layer_skip()(d, t), shrink=2), slow_greedy=True,
+        slow_stats=True),
     "medusa, dynamic tree, top-k": Entry(medusa(), None, DynamicTree(num_nodes=6, max_depth=3,
                                                                       top_k=2),
                                          slow_greedy=True, slow_stats=True),

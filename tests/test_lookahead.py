@@ -89,8 +89,8 @@ def test_one_forward_gives_every_node_the_logits_of_its_own_text(tiny_lm):
                                             sampling=specjax.GREEDY)
     config = SpeculativeConfig(num_draft_tokens=drafter.proposal_tree.num_nodes,
                                sampling=specjax.GREEDY, tree=drafter.proposal_tree)
-    _, proposal = propose(drafter, state, jax.random.key(0), config, tiny_lm.vocab_size,
-                          sampling_params(specjax.GREEDY, 2))
+    _, proposal, _ = propose(drafter, state, jax.random.key(0), config, tiny_lm,
+                             sampling_params(specjax.GREEDY, 2))
     assert bool(jnp.any(~proposal.never_accept[:, :6]))  # row 0 has candidates for 2
     logits, _, _ = verify(tiny_lm, state, proposal, config)
     tokens, parents = np.asarray(proposal.tokens), np.asarray(proposal.parents)

@@ -81,6 +81,24 @@ def test_all_accepted_rows_draw_the_bonus_from_p_k_plus_1():
     assert abs((tokens == 0).mean() - 0.7) < 0.01 and not np.any(tokens == 1)
 
 
+def test_a_row_accepts_only_the_drafts_it_offers_and_takes_its_bonus_there():
+    logits = jnp.array([[[0.0, 5.0, 0.0], [0.0, 0.0, 9.0], [0.0, 0.0, 3.0], [7.0, 0.0, 0.0]]] * 3)
+    drafts = jnp.array([[1, 2, 2]] * 3, jnp.int32)  # all equal the argmax
+    out = accept_greedy(drafts, logits, jnp.array([1, 0, 3]))
+    assert out.num_accepted.tolist() == [1, 0, 3]
+    assert out.next_token.tolist() == [2, 1, 0]  # the argmax after the offered drafts
+    # Sampled: q of the draft after the offer is ignored; the bonus comes from p there.
+    rows = 50_000
+    certain, bonus = np.array([0.0, 1.0, 0.0]), np.array([0.7, 0.0, 0.3])
+    out = accept_sampled(jax.random.key(7), jax.random.key(8), jnp.ones((rows, 2), jnp.int32),
+                         _broadcast([certain, np.array([0.0, 0.0, 1.0])], rows),
+                         _broadcast([certain, bonus, certain], rows),
+                         jnp.ones((rows,), jnp.int32))
+    assert np.all(np.asarray(out.num_accepted) == 1)
+    tokens = np.asarray(out.next_token)
+    assert abs((tokens == 0).mean() - 0.7) < 0.01 and abs((tokens == 2).mean() - 0.3) < 0.01
+
+
 def test_residual_falls_back_to_p_when_rounding_leaves_no_mass():
     p = jnp.array([[0.5, 0.5]])
     np.testing.assert_array_equal(residual_distribution(p, p), p)

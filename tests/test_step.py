@@ -251,8 +251,9 @@ class _GradedDraft(DraftModel):
 
 
 def test_a_graded_step_verifies_the_longest_rows_real_drafts_only(tiny_lm):
-    """Rows claiming 1, 2, 0, 0 real drafts of K = 4: the step verifies 2 drafts for every
-    row (the identical draft's drafts are all right, so each row accepts exactly 2) and
+    """Rows claiming 1, 2, 0, 0 real drafts of K = 4: the step verifies 2 drafts (the
+    longest row's), each row accepts only among the drafts it offered (the identical
+    draft's drafts are all right, so exactly those), the stats count what was offered, and
     the output still equals plain decoding."""
     drafter = _GradedDraft(tiny_lm, "greedy")
     config = specjax.SpeculativeConfig(num_draft_tokens=4, sampling=GREEDY)
@@ -260,9 +261,10 @@ def test_a_graded_step_verifies_the_longest_rows_real_drafts_only(tiny_lm):
                                                     max_new_tokens=12, num_draft_tokens=4,
                                                     sampling=GREEDY)
     state = specjax.jitted_step(tiny_lm, drafter, state, config)
-    assert state.proposed.tolist() == [2, 2, 2, 2]
-    assert state.step_accepted.tolist() == [2, 2, 2, 2]
-    assert state.step_emitted.tolist() == [3, 3, 3, 3]
+    assert state.proposed.tolist() == [1, 2, 0, 0]
+    assert state.step_accepted.tolist() == [1, 2, 0, 0]
+    assert state.step_emitted.tolist() == [2, 3, 1, 1]
+    assert state.checked.tolist() == [1, 2, 0, 0]
     out = speculative_generate(tiny_lm, _GradedDraft(tiny_lm, "greedy"), PROMPTS,
                                max_new_tokens=12, num_draft_tokens=4, sampling=GREEDY)
     np.testing.assert_array_equal(out.tokens, generate(tiny_lm, PROMPTS, max_new_tokens=12,

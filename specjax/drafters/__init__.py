@@ -1,5 +1,6 @@
 """Drafters: where the K guessed tokens come from."""
 
+from specjax.drafters.adaptive_length import AdaptiveLength, AdaptiveLengthState
 from specjax.drafters.base import (
     Commit,
     DraftContext,
@@ -10,11 +11,13 @@ from specjax.drafters.base import (
 from specjax.drafters.draft_model import DraftModel, DraftModelState
 from specjax.drafters.eagle import Eagle, EagleState
 from specjax.drafters.feature_head import FeatureHeadConfig
+from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.lookahead import Lookahead, LookaheadState
 from specjax.drafters.medusa import Medusa, MedusaState
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.retrieval import Retrieval
 
-__all__ = ["Commit", "DraftContext", "DraftModel", "DraftModelState", "Drafter", "Eagle",
-           "EagleState", "FeatureHeadConfig", "Lookahead", "LookaheadState", "Medusa",
-           "MedusaState", "PromptLookup", "Proposal", "Retrieval", "eagle3_feature_layers"]
+__all__ = ["AdaptiveLength", "AdaptiveLengthState", "Commit", "DraftContext", "DraftModel",
+           "DraftModelState", "Drafter", "Eagle", "EagleState", "FeatureHeadConfig",
+           "LayerSkip", "Lookahead", "LookaheadState", "Medusa", "MedusaState",
+           "PromptLookup", "Proposal", "Retrieval", "eagle3_feature_layers"]

@@ -190,6 +190,14 @@ class Drafter(Protocol):
     def commit(self, state: Any, commit: Commit) -> Any: ...
 
 
+def drafter_key(drafter) -> tuple[type, ...]:
+    """The drafter's class and those of the drafters it wraps (`.drafter`, e.g.
+    `AdaptiveLength`), for the compile key: JAX's tree structures of a registered dataclass
+    and of a subclass with the same fields compare equal, so the classes must be there."""
+    inner = getattr(drafter, "drafter", None)
+    return (type(drafter),) + (drafter_key(inner) if inner is not None else ())
+
+
 def check_own_tree(drafter, tree) -> None:
     """Refuse (at trace time) a step configured with another tree than the one a drafter
     that builds its own (`proposal_tree`) proposes."""

@@ -1,0 +1,140 @@
+"""Self-speculation by layer skipping (Draft & Verify, Zhang et al. 2023; SWIFT, Xia et al.
+2024): the target drafts for itself with some of its layers skipped.
+
+No second model and no copy of any weight: the drafter holds no parameters, the step hands
+it the target (`drafts_with_target`), and each draft forward runs the target's own blocks
+minus the skipped ones (`CausalLM.apply(..., layers=kept)`). For committed positions the
+layers it runs read the keys and values the full model wrote in the target's cache; the
+drafted positions' keys and values go to the cache slots from the last committed token on,
+which the verify forward rewrites with the full model's before anything reads them (the
+verify writes slots `lengths - 1 .. lengths - 1 + K`, the drafts used `lengths - 1 ..
+lengths + K - 2`), so the drafter needs no cache of its own and no scratch memory.
+
+Which layers to skip: given, or searched on calibration prompts by
+`specjax.layer_search.search_skip_layers` (measured tokens per second).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from specjax.causal_lm import CausalLM
+from specjax.drafters.base import (
+    Commit,
+    DraftContext,
+    Proposal,
+    check_min_confidence,
+    confident_drafts,
+    token_confidence,
+)
+from specjax.drafters.draft_model import DRAFT_METHODS
+from specjax.sampling import SamplingConfig, SamplingParams, draw_with_q
+
+
+def _static(**kwargs):
+    return dataclasses.field(metadata={"static": True}, **kwargs)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LayerSkip:
+    """Draft with the target minus the blocks in `skip` (a chain of K drafts).
+
+    skip: the target's block indices to skip while drafting (at least one; not all of
+      them, or the draft would be the target's embedding and head alone: allowed, but
+      `allow_empty=True` must say so).
+    method: "sample" draws each draft from the skipped model's warped distribution (that
+      is q); "greedy" takes its argmax with a one-hot q. Both exact.
+    min_confidence: verify only the leading drafts whose cumulative confidence reaches
+      this (Draft & Verify's early stop of drafting, as `DraftModel` has it); None: all K.
+
+    A pytree without leaves: the weights it runs are the target's, passed by the step.
+    """
+
+    skip: tuple[int, ...] = _static()
+    method: str = _static(default="sample")
+    _: dataclasses.KW_ONLY
+    min_confidence: float | None = _static(default=None)
+    allow_empty: bool = _static(default=False)
+
+    drafts_with_target: ClassVar[bool] = True
+
+    def __post_init__(self):
+        skip = self.skip
+        if isinstance(skip, int) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                            for i in skip):
+            raise TypeError(f"skip must be a sequence of block indices (ints), got {skip!r}")
+        if len(set(skip)) != len(skip):
+            raise ValueError(f"skip repeats a layer: {tuple(skip)}")
+        if not skip:
+            raise ValueError("skip is empty: a draft with every layer is the target itself "
+                             "(K + 1 target forwards per step); name the layers to skip, "
+                             "or search them (specjax.layer_search.search_skip_layers)")
+        object.__setattr__(self, "skip", tuple(sorted(skip)))
+        if self.method not in DRAFT_METHODS:
+            raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
+        check_min_confidence(self.min_confidence)
+
+    def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
+        if target.num_layers is None:
+            raise ValueError("LayerSkip needs a target that can run a subset of its layers "
+                             "(CausalLM.num_layers set and an apply_fn taking layers=, as "
+                             "CausalLM.from_nnx of a specjax_models.Transformer gives)")
+        outside = [i for i in self.skip if not 0 <= i < target.num_layers]
+        if outside:
+            raise ValueError(f"LayerSkip skips layers {outside}, outside this target's "
+                             f"[0, {target.num_layers})")
+        if len(self.skip) == target.num_layers and not self.allow_empty:
+            raise ValueError(f"LayerSkip skips all {target.num_layers} layers: the draft "
+                             "would be the embedding and the head alone; pass "
+                             "allow_empty=True if that is meant")
+
+    def kept_layers(self, num_layers: int) -> tuple[int, ...]:
+        """The blocks a draft forward runs."""
+        return tuple(i for i in range(num_layers) if i not in self.skip)
+
+    @property
+    def graded_num_real(self) -> bool:
+        return self.min_confidence is not None
+
+    def forwards_per_step(self, num_draft_tokens: int) -> int:
+        return num_draft_tokens
+
+    def init(self, prompt_tokens_BP: Array, prompt_lengths_B: Array, capacity: int) -> tuple:
+        return ()  # nothing of its own: it reads the target's cache
+
+    def propose(self, state: tuple, context: DraftContext, key: Array, *,
+                num_draft_tokens: int, sampling: SamplingParams, vocab_size: int,
+                target: CausalLM, target_cache: Any) -> tuple[tuple, Proposal, Any]:
+        """K one-token forwards of the kept blocks, from the last committed token."""
+        kept = self.kept_layers(target.num_layers)
+        lengths_B = context.lengths
+        last_B = jnp.take_along_axis(context.sequence, lengths_B[:, None] - 1, axis=1)[:, 0]
+
+        def draft_one(carry, step_key):
+            cache, token_B, slot_B = carry
+            logits_B1V, _, cache = target.apply(token_B[:, None], slot_B[:, None], cache,
+                                                slot_B, layers=kept)
+            logits_BV = logits_B1V[:, 0].astype(jnp.float32)
+            next_B, q_BV = draw_with_q(step_key, logits_BV, sampling,
+                                       deterministic=self.method == "greedy")
+            confidence = () if self.min_confidence is None else (
+                token_confidence(logits_BV, next_B),)
+            return (cache, next_B, slot_B + 1), (next_B, q_BV, *confidence)
+
+        (cache, _, _), (tokens_KB, q_KBV, *confidence_KB) = jax.lax.scan(
+            draft_one, (target_cache, last_B, lengths_B - 1),
+            jax.random.split(key, num_draft_tokens))
+        num_real_B = None
+        if self.min_confidence is not None:  # static
+            num_real_B = confident_drafts(confidence_KB[0].T, self.min_confidence)
+        return state, Proposal(tokens=tokens_KB.T, q=jnp.transpose(q_KBV, (1, 0, 2)),
+                               num_real=num_real_B), cache
+
+    def commit(self, state: tuple, commit: Commit) -> tuple:
+        return state
