@@ -139,3 +139,34 @@ def test_a_chunked_prefill_gives_the_same_text():
                       "--prefill-chunk", "48")
     assert whole.returncode == 0 and chunked.returncode == 0, chunked.stderr
     assert json.loads(chunked.stdout)["tokens"] == json.loads(whole.stdout)["tokens"]
+
+
+def test_the_target_drafting_for_itself_gives_plain_greedy_text():
+    prompt = "def parse(source, filename):\n    "
+    plain = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--no-speculation")
+    skip = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--drafter",
+                   "layer-skip", "--skip", "2,3", "--adaptive-length", "--num-draft-tokens", "3")
+    assert plain.returncode == 0 and skip.returncode == 0, skip.stderr
+    skip_out = json.loads(skip.stdout)
+    assert skip_out["tokens"] == json.loads(plain.stdout)["tokens"]
+    assert skip_out["stats"]["draft_forwards"][0] > 0
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--drafter", "layer-skip"], "needs --skip LAYERS"),
+    (["--skip", "1"], "--skip needs --drafter layer-skip"),
+    (["--drafter", "layer-skip", "--skip", "1,x"], "--skip takes block indices"),
+    (["--drafter", "lookahead", "--adaptive-length"], "--adaptive-length sets the length"),
+])
+def test_self_speculation_options_are_checked_before_loading(options, message):
+    out = run_cli("generate", "x", *options)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_skip_auto_measures_candidates_on_the_prompt():
+    out = run_cli("generate", "def parse(source):\n    ", "--json", "--max-new-tokens", "16",
+                  "--drafter", "layer-skip", "--skip", "auto", "--num-draft-tokens", "3")
+    assert out.returncode == 0, out.stderr
+    assert "measuring which blocks to skip" in out.stderr and "--skip " in out.stderr
+    assert len(json.loads(out.stdout)["tokens"]) > 0

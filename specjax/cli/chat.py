@@ -13,6 +13,7 @@ from specjax.cli.common import (
     add_prefill_chunk_option,
     add_prompt_lookup_options,
     add_sampling,
+    add_self_speculation_options,
     painter,
     say,
     stream_text,
@@ -34,13 +35,14 @@ def register(sub) -> None:
                          "draft from `specjax train-drafter --model smollm2 --method draft` "
                          "(default: none, prompt lookup drafts)")
     ch.add_argument("--drafter", choices=["model", "prompt-lookup", "lookahead", "retrieval",
-                                          "eagle3"], default=None,
+                                          "layer-skip", "eagle3"], default=None,
                     help="default: prompt-lookup (model when --draft is given); model: "
                          "SmolLM2's shipped distilled layer draft, or --draft DIR; lookahead: "
                          "Jacobi decoding, no draft; retrieval: trees from a datastore "
                          "(SmolLM2's shipped one, or --datastore FILE), the conversation and "
-                         "this chat's earlier replies; eagle3: SmolLM2's shipped EAGLE-3 "
-                         "head, or --head DIR")
+                         "this chat's earlier replies; layer-skip: SmolLM2 drafting for "
+                         "itself without the --skip blocks; eagle3: SmolLM2's shipped "
+                         "EAGLE-3 head, or --head DIR")
     ch.add_argument("--head", default=None,
                     help="an EAGLE-3 head trained on SmolLM2 (specjax train-drafter --model "
                          "smollm2; default: the shipped one)")
@@ -62,6 +64,7 @@ def register(sub) -> None:
                          "cumulative draft probability reaches C (default: all K)")
     add_prompt_lookup_options(ch)
     add_model_free_options(ch)
+    add_self_speculation_options(ch)
     add_colour_option(ch)
     add_prefill_chunk_option(ch)
     ch.set_defaults(handler=run)

@@ -142,6 +142,17 @@ def add_model_free_options(parser) -> None:
                              "own answers; else none: each row's own text only)")
 
 
+def add_self_speculation_options(parser) -> None:
+    parser.add_argument("--skip", default=None, metavar="LAYERS",
+                        help="--drafter layer-skip: the target's blocks to skip while it drafts "
+                             "for itself, e.g. 4,6,8,10 (0-based), or auto: measure candidate "
+                             "sets on this prompt first and use the fastest (generate only)")
+    parser.add_argument("--adaptive-length", action="store_true",
+                        help="chains: each row's draft length follows its acceptance (+2 "
+                             "after a fully accepted block, -1 after a rejection, up to "
+                             "--num-draft-tokens)")
+
+
 def add_prefill_chunk_option(parser) -> None:
     parser.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                         help="prefill prompts longer than N tokens in chunks of N (bounded "

@@ -14,6 +14,7 @@ from specjax.cli.common import (
     add_prefill_chunk_option,
     add_prompt_lookup_options,
     add_sampling,
+    add_self_speculation_options,
     painter,
     say,
     stream_text,
@@ -22,7 +23,9 @@ from specjax.cli.common import (
 from specjax.cli.loading import (
     HEAD_CHOICES,
     MODEL_FREE_CHOICES,
+    SELF_CHOICES,
     load_pair,
+    search_layer_skip,
     trained_length,
     validate_decoding,
 )
@@ -69,11 +72,12 @@ def register(sub) -> None:
     gen.add_argument("--raw", action="store_true",
                      help="smollm2: continue the prompt as raw text, no chat template")
     gen.add_argument("--drafter", choices=["model", "prompt-lookup", *MODEL_FREE_CHOICES,
-                                           *HEAD_CHOICES],
+                                           *SELF_CHOICES, *HEAD_CHOICES],
                      default=None,
                      help="the draft model, n-gram lookup in the prompt and output, "
                           "lookahead (Jacobi) decoding, retrieval from a datastore and the "
-                          "row's own text (both model-free token trees), or a "
+                          "row's own text (both model-free token trees), the target itself "
+                          "with --skip blocks skipped (layer-skip), or a "
                           "feature head reading the target's hidden states (medusa, eagle, "
                           "eagle3, mtp; the bundled target ships trained ones) (default: "
                           "model for the bundled pair, prompt-lookup for smollm2; eagle3 with "
@@ -83,6 +87,7 @@ def register(sub) -> None:
                           "medusa/eagle/eagle3/mtp (default: the bundled target's)")
     add_prompt_lookup_options(gen)
     add_model_free_options(gen)
+    add_self_speculation_options(gen)
     gen.add_argument("--no-speculation", action="store_true",
                      help="plain autoregressive decoding of the target")
     gen.add_argument("--no-eos", action="store_true",
@@ -141,6 +146,8 @@ def run(args) -> int:
              f"({args.max_new_tokens}) exceeds the {trained}-token windows the target was "
              "trained on; expect weaker text past that length")
     key = jax.random.key(args.seed)
+    if speculative and drafter is None:  # --skip auto: measured on this prompt
+        drafter = search_layer_skip(args, target, ids, sampling, key)
     eos = None if args.no_eos else (tokenizer.eos_ids if chat or args.model == "smollm2"
                                     else tokenizer.eos_id)
 

@@ -1,7 +1,7 @@
 """Loading what a decoding command needs: the bundled pair or checkpoints, SmolLM2, and
 the drafter an option names (draft model, prompt lookup, lookahead, retrieval, a feature
-head, a layer draft),
-with every check that needs no model done first (`validate_decoding`)."""
+head, a layer draft, the target skipping layers), with every check that needs no model
+done first (`validate_decoding`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from specjax.cli.common import CliError, check_dir
 
 HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp")
 MODEL_FREE_CHOICES = ("lookahead", "retrieval")
+SELF_CHOICES = ("layer-skip",)
 
 
 def load_model(path: str | None, name: str):
@@ -78,7 +79,42 @@ def validate_decoding(args):
     tree = parse_tree(args)
     check_min_confidence(args, tree)
     check_model_free_options(args)
+    check_self_speculation_options(args, tree)
     return sampling, lookup, tree
+
+
+def parse_skip(text: str):
+    """`--skip 4,6,8` as a tuple of block indices, or "auto"."""
+    if text.strip() == "auto":
+        return "auto"
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise CliError(f"--skip takes block indices (0-based, comma-separated, e.g. 4,6,8) or "
+                       f"auto, got {text!r}")
+    skip = tuple(int(p) for p in parts)
+    if len(set(skip)) != len(skip):
+        raise CliError(f"--skip repeats a block: {text!r}")
+    return skip
+
+
+def check_self_speculation_options(args, tree) -> None:
+    """--skip only with --drafter layer-skip (which needs it); --adaptive-length for chains."""
+    choice = drafter_choice(args)
+    skip = getattr(args, "skip", None)
+    if choice in SELF_CHOICES and skip is None:
+        raise CliError("--drafter layer-skip needs --skip LAYERS (the blocks to skip, e.g. "
+                       "4,6,8,10) or --skip auto (measure candidates on this prompt)")
+    if skip is not None:
+        if choice not in SELF_CHOICES:
+            raise CliError("--skip needs --drafter layer-skip")
+        if parse_skip(skip) == "auto" and getattr(args, "command", None) != "generate":
+            raise CliError("--skip auto searches on a generate prompt; in chat pass the "
+                           "blocks (find them once with specjax generate --drafter "
+                           "layer-skip --skip auto)")
+    if getattr(args, "adaptive_length", False):
+        if args.no_speculation or tree is not None or choice in MODEL_FREE_CHOICES:
+            raise CliError("--adaptive-length sets the length of a chain of drafts: not with "
+                           "--no-speculation, --dynamic-tree, lookahead or retrieval")
 
 
 def parse_lookahead(text: str):
@@ -147,9 +183,9 @@ def check_min_confidence(args, tree) -> None:
         check_min_confidence(value)
     except ValueError as error:
         raise CliError(str(error).replace("min_confidence", "--min-confidence")) from None
-    if drafter_choice(args) not in ("model", "eagle", "eagle3", "mtp"):
+    if drafter_choice(args) not in ("model", "eagle", "eagle3", "mtp", *SELF_CHOICES):
         raise CliError("--min-confidence needs a drafter that scores its drafts (--drafter "
-                       "model, eagle, eagle3 or mtp)")
+                       "model, eagle, eagle3, mtp or layer-skip)")
     if tree is not None:
         raise CliError("--min-confidence is for chains (each step verifies its confident "
                        "drafts); a --dynamic-tree already keeps the likeliest nodes")
@@ -257,6 +293,11 @@ def load_pair(args, sampling, lookup, speculative: bool):
         drafter = lookup
     elif speculative and choice in MODEL_FREE_CHOICES:
         drafter = load_model_free(args, choice, target, sampling)
+    elif speculative and choice in SELF_CHOICES:
+        skip = parse_skip(args.skip)
+        if skip == "auto":  # searched on the prompt by the command (search_layer_skip)
+            return target, None, tokenizer
+        drafter = layer_skip(args, skip, target, sampling)
     elif speculative and choice in HEAD_CHOICES:
         drafter = load_head(args, choice, target)
         drafter.check(target, sampling)
@@ -275,8 +316,47 @@ def load_pair(args, sampling, lookup, speculative: bool):
         drafter = specjax.DraftModel(load_model(args.draft, "draft"),
                                      "greedy" if args.greedy_draft else "sample")
         drafter.check(target, sampling)  # the library's vocabulary check, before decoding
+    return target, finish_drafter(args, drafter), tokenizer
+
+
+def finish_drafter(args, drafter):
+    """The drafter with --min-confidence and --adaptive-length applied."""
     if drafter is not None and getattr(args, "min_confidence", None) is not None:
         import dataclasses
 
         drafter = dataclasses.replace(drafter, min_confidence=args.min_confidence)
-    return target, drafter, tokenizer
+    if drafter is not None and getattr(args, "adaptive_length", False):
+        from specjax.drafters import AdaptiveLength
+
+        drafter = AdaptiveLength(drafter)
+    return drafter
+
+
+def layer_skip(args, skip, target, sampling):
+    """`LayerSkip(skip)` on `target`, its refusals as the option's."""
+    from specjax.drafters import LayerSkip
+
+    try:
+        drafter = LayerSkip(skip=skip, method="greedy" if args.greedy_draft else "sample")
+        drafter.check(target, sampling)
+    except ValueError as error:
+        raise CliError(f"--skip {args.skip}: {error}") from None
+    return drafter
+
+
+def search_layer_skip(args, target, ids, sampling, key):
+    """`--skip auto`: the fastest of the measured candidate sets on this prompt (printed,
+    so that the next run can pass it), as the finished drafter."""
+    from specjax.cli.common import say
+    from specjax.layer_search import search_skip_layers
+
+    say("specjax: measuring which blocks to skip on this prompt (one compile per candidate)")
+    search = search_skip_layers(target, [ids], num_draft_tokens=args.num_draft_tokens,
+                                max_new_tokens=min(args.max_new_tokens, 32),
+                                sampling=sampling, reps=1, key=key)
+    best = search.best
+    say(f"specjax: --skip {','.join(map(str, best.skip))}: {best.tokens_per_second:.1f} "
+        f"tokens/s, acceptance {best.acceptance_rate:.2f} (plain decoding "
+        f"{search.plain_tokens_per_second:.1f} tokens/s"
+        + ("" if search.skip else "; no candidate beat it here") + ")")
+    return finish_drafter(args, layer_skip(args, best.skip, target, sampling))
