@@ -46,6 +46,14 @@ def test_a_fully_accepted_row_grows_its_offer_to_k():
     assert np.asarray(state.accepted).tolist() == [21, 21]
 
 
+def test_the_draft_model_drafts_only_the_longest_offer():
+    """After a step offering 1 draft, the draft model has fed the last token only (its
+    cache is one token short of the accepted text: it stopped after 1 draft of 6)."""
+    _, state = offers(AdaptiveLength(DraftModel(plus_one_lm(16), "greedy"), start=1), 1)
+    assert np.asarray(state.drafter_state.drafter.cache_lengths).tolist() == [2, 1]
+    assert np.asarray(state.lengths).tolist() == [4, 3]
+
+
 def test_a_rejected_row_shrinks_its_offer_to_min_length():
     wrong = plus_one_lm(16).__class__({"unused": jnp.zeros((1,), jnp.float32)},
                                       PlusTwoApply(16), TokenCache(), vocab_size=16,

@@ -227,13 +227,18 @@ def test_feature_drafters_get_the_prefill_and_verify_features(tiny_lm):
 
 # ---------------------------------------------------------------- graded verify widths
 
-def test_confident_drafts_counts_the_leading_drafts_above_the_threshold():
+def test_confident_drafts_offer_a_draft_by_what_was_known_before_it():
+    """Draft j is offered while (the drafts before it's probabilities) x (its top
+    probability) reaches the threshold; its own probability never decides (row 1: a draft
+    of probability 0.1 is offered, its top probability was 0.95; the next is not)."""
     from specjax.drafters.base import confident_drafts
 
-    confidence = jnp.asarray([[0.9, 0.9, 0.9, 0.9], [0.3, 1.0, 1.0, 1.0], [0.8, 0.5, 0.9, 1.0]])
-    # Cumulative: [.9 .81 .73 .66], [.3 .3 .3 .3], [.8 .4 .36 .36].
-    assert confident_drafts(confidence, 0.7).tolist() == [3, 0, 1]
-    assert confident_drafts(confidence, 0.3).tolist() == [4, 4, 4]
+    chosen = jnp.asarray([[0.9, 0.9, 0.9, 0.9], [0.1, 1.0, 1.0, 1.0], [0.8, 0.5, 0.9, 1.0]])
+    top = jnp.asarray([[0.9, 0.9, 0.9, 0.9], [0.95, 1.0, 1.0, 1.0], [0.6, 0.9, 0.9, 1.0]])
+    confidence = jnp.stack([chosen, top], axis=-1)
+    # Scores: [.9 .81 .73 .66], [.95 .1 .1 .1], [.6 .72 .36 .36].
+    assert confident_drafts(confidence, 0.7).tolist() == [3, 1, 0]
+    assert confident_drafts(confidence, 0.3).tolist() == [4, 1, 4]
     with pytest.raises(ValueError, match="min_confidence must be None"):
         DraftModel(build_lm(1), min_confidence=1.5)
 

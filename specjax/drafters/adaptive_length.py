@@ -108,11 +108,14 @@ class AdaptiveLength:
 
     def propose(self, state: AdaptiveLengthState, context: DraftContext, key: Array, *,
                 num_draft_tokens: int, **kwargs):
+        length_B = jnp.clip(state.length, min(self.min_length, num_draft_tokens),
+                            num_draft_tokens).astype(jnp.int32)
+        if getattr(self.drafter, "takes_draft_budget", False):
+            # A drafter that drafts in a loop stops after the longest row's offer.
+            kwargs["draft_budget"] = jnp.max(length_B)
         out = self.drafter.propose(state.drafter, context, key,
                                    num_draft_tokens=num_draft_tokens, **kwargs)
         inner_state, proposal = out[0], out[1]
-        length_B = jnp.clip(state.length, min(self.min_length, num_draft_tokens),
-                            num_draft_tokens).astype(jnp.int32)
         offered_B = length_B if proposal.num_real is None else jnp.minimum(
             length_B, jnp.clip(proposal.num_real, 0, num_draft_tokens).astype(jnp.int32))
         new_state = AdaptiveLengthState(inner_state, length_B, offered_B)

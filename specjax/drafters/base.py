@@ -155,17 +155,46 @@ def scatter_to_vocab(logits_BV: Array, draft_vocab: Array, vocab_size: int) -> A
 
 
 def token_confidence(logits_BV: Array, token_B: Array) -> Array:
-    """float32 [B]: the draft's own probability of each chosen token at temperature 1."""
+    """float32 [B, 2]: the draft's own probability (temperature 1) of each chosen token,
+    and its top probability at that position (`confident_drafts` reads both)."""
     log_probs_BV = jax.nn.log_softmax(logits_BV.astype(jnp.float32), axis=-1)
-    return jnp.exp(jnp.take_along_axis(log_probs_BV, token_B[:, None], axis=1)[:, 0])
+    chosen_B = jnp.exp(jnp.take_along_axis(log_probs_BV, token_B[:, None], axis=1)[:, 0])
+    return jnp.stack([chosen_B, jnp.exp(jnp.max(log_probs_BV, axis=-1))], axis=-1)
 
 
-def confident_drafts(confidence_BK: Array, min_confidence: float) -> Array:
-    """int32 [B]: how many leading drafts keep a cumulative confidence (the product of the
-    draft's probabilities of its tokens so far, its estimate that the whole prefix is
-    accepted) of at least `min_confidence`: the drafts worth verifying (`num_real`)."""
-    cumulative_BK = jnp.cumprod(confidence_BK.astype(jnp.float32), axis=1)
-    return jnp.sum(cumulative_BK >= min_confidence, axis=1).astype(jnp.int32)
+def confident_drafts(confidence_BK2: Array, min_confidence: float) -> Array:
+    """int32 [B]: how many leading drafts to offer (`num_real`): draft j is offered while
+    the product of the draft's probabilities of the drafts before it and its top
+    probability at j (its estimate that the prefix through j is accepted) is at least
+    `min_confidence`. Draft j's own probability never decides whether j is offered: an
+    offer that depended on the drafted token's value would select among q's draws, and
+    the offered drafts would no longer follow q (not exact)."""
+    chosen_BK, top_BK = (confidence_BK2[..., i].astype(jnp.float32) for i in (0, 1))
+    before_BK = jnp.cumprod(jnp.concatenate([jnp.ones_like(chosen_BK[:, :1]),
+                                             chosen_BK[:, :-1]], axis=1), axis=1)
+    offered_BK = (before_BK * top_BK >= min_confidence).astype(jnp.int32)
+    return jnp.sum(jnp.cumprod(offered_BK, axis=1), axis=1).astype(jnp.int32)
+
+
+def draft_chain(step, carry, keys_K: Array, budget: Array | None = None):
+    """`lax.scan(step, carry, keys_K)` -> `(carry, outputs [K, ...])`, or, with a traced
+    `budget` (the most drafts any row will offer, `AdaptiveLength`), only the first
+    `budget` steps, in a loop of that many trips: the outputs of the steps not run are
+    zeros (never verified: every row offers fewer drafts than that)."""
+    if budget is None:
+        return jax.lax.scan(step, carry, keys_K)
+    shapes = jax.eval_shape(step, carry, keys_K[0])[1]
+    outputs = jax.tree.map(lambda s: jnp.zeros(keys_K.shape[:1] + s.shape, s.dtype), shapes)
+
+    def body(state):
+        index, carry, outputs = state
+        carry, out = step(carry, keys_K[index])
+        return index + 1, carry, jax.tree.map(lambda all_, one: all_.at[index].set(one),
+                                              outputs, out)
+
+    _, carry, outputs = jax.lax.while_loop(lambda state: state[0] < budget, body,
+                                           (jnp.int32(0), carry, outputs))
+    return carry, outputs
 
 
 def check_min_confidence(value) -> None:

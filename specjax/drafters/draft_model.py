@@ -26,6 +26,7 @@ from specjax.drafters.base import (
     Proposal,
     check_min_confidence,
     confident_drafts,
+    draft_chain,
     draft_vocab_ids,
     scatter_to_vocab,
     token_confidence,
@@ -196,6 +197,7 @@ class DraftModel:
     # `tree=DynamicTree` grows an EAGLE-2 tree per row.
     drafts_trees: ClassVar[bool] = True
     drafts_dynamic_trees: ClassVar[bool] = True
+    takes_draft_budget: ClassVar[bool] = True  # chains: AdaptiveLength's draft_budget
 
     def forwards_per_step(self, num_draft_tokens: int,
                           tree: TreeShape | DynamicTree | None = None) -> int:
@@ -228,8 +230,10 @@ class DraftModel:
 
     def propose(self, state: DraftModelState, context: DraftContext, key: Array, *,
                 num_draft_tokens: int, sampling: SamplingParams, vocab_size: int,
-                tree: TreeShape | DynamicTree | None = None
+                tree: TreeShape | DynamicTree | None = None, draft_budget: Array | None = None
                 ) -> tuple[DraftModelState, Proposal]:
+        """K drafts per row (a chain; only the first `draft_budget` drafted when given,
+        `AdaptiveLength`), or the nodes of `tree`."""
         if isinstance(tree, DynamicTree):
             return self._propose_dynamic_tree(state, context, tree, sampling, vocab_size)
         if tree is not None:
@@ -256,23 +260,26 @@ class DraftModel:
                 self._confidence(logits_B1V[:, 0], next_B, vocab_size),)
             return (cache, next_B, position_B + 1), (next_B, q_BV, *confidence)
 
-        (cache, _, _), (rest_KB, rest_q_KBV, *rest_confidence) = jax.lax.scan(
-            draft_one, (cache, token_B, lengths_B), step_keys[1:])
+        (cache, _, _), (rest_KB, rest_q_KBV, *rest_confidence) = draft_chain(
+            draft_one, (cache, token_B, lengths_B), step_keys[1:],
+            None if draft_budget is None else draft_budget - 1)
         tokens_BK = jnp.concatenate([token_B[:, None], rest_KB.T], axis=1)
         q_BKV = jnp.concatenate([q_BV[:, None], jnp.transpose(rest_q_KBV, (1, 0, 2))], axis=1)
         num_real_B = None
         if self.min_confidence is not None:  # static
             confidence_BK = jnp.concatenate(
                 [self._confidence(first_logits_BV, token_B, vocab_size)[:, None],
-                 rest_confidence[0].T],
-                axis=1)
+                 jnp.swapaxes(rest_confidence[0], 0, 1)], axis=1)
             num_real_B = confident_drafts(confidence_BK, self.min_confidence)
-        # The draft fed the last committed token and drafts 1..K-1.
-        new_state = DraftModelState(cache, lengths_B - 1 + num_draft_tokens)
+        # The draft fed the last committed token and drafts 1..K-1 (1..budget-1).
+        fed = num_draft_tokens if draft_budget is None else jnp.clip(draft_budget, 1,
+                                                                     num_draft_tokens)
+        new_state = DraftModelState(cache, lengths_B - 1 + fed)
         return new_state, Proposal(tokens=tokens_BK, q=q_BKV, num_real=num_real_B)
 
     def _confidence(self, logits_BV: Array, token_B: Array, vocab_size: int) -> Array:
-        """The draft's temperature-1 probability of each drafted (target) id."""
+        """The draft's temperature-1 probability of each drafted (target) id and its top
+        probability (`token_confidence`)."""
         return token_confidence(self._target_logits(logits_BV, vocab_size), token_B)
 
     def _children(self, key: Array, logits_BV: Array, ranks: int, sampling: SamplingParams,

@@ -313,8 +313,8 @@ class Eagle:
         num_real_B = None
         if self.min_confidence is not None:  # static
             confidence_BK = jnp.concatenate(
-                [token_confidence(root_logits_BV, token_B)[:, None], rest_confidence[0].T],
-                axis=1)
+                [token_confidence(root_logits_BV, token_B)[:, None],
+                 jnp.swapaxes(rest_confidence[0], 0, 1)], axis=1)
             num_real_B = confident_drafts(confidence_BK, self.min_confidence)
         return (dataclasses.replace(state, keys=keys, values=values),
                 Proposal(tokens=tokens_BK, q=q_BKV, num_real=num_real_B))

@@ -30,6 +30,7 @@ from specjax.drafters.base import (
     Proposal,
     check_min_confidence,
     confident_drafts,
+    draft_chain,
     token_confidence,
 )
 from specjax.drafters.draft_model import DRAFT_METHODS
@@ -63,6 +64,7 @@ class LayerSkip:
     allow_empty: bool = _static(default=False)
 
     drafts_with_target: ClassVar[bool] = True
+    takes_draft_budget: ClassVar[bool] = True
 
     def __post_init__(self):
         skip = self.skip
@@ -110,8 +112,10 @@ class LayerSkip:
 
     def propose(self, state: tuple, context: DraftContext, key: Array, *,
                 num_draft_tokens: int, sampling: SamplingParams, vocab_size: int,
-                target: CausalLM, target_cache: Any) -> tuple[tuple, Proposal, Any]:
-        """K one-token forwards of the kept blocks, from the last committed token."""
+                target: CausalLM, target_cache: Any, draft_budget: Array | None = None
+                ) -> tuple[tuple, Proposal, Any]:
+        """K one-token forwards of the kept blocks, from the last committed token (only
+        `draft_budget` of them when given: `AdaptiveLength`)."""
         kept = self.kept_layers(target.num_layers)
         lengths_B = context.lengths
         last_B = jnp.take_along_axis(context.sequence, lengths_B[:, None] - 1, axis=1)[:, 0]
@@ -127,12 +131,13 @@ class LayerSkip:
                 token_confidence(logits_BV, next_B),)
             return (cache, next_B, slot_B + 1), (next_B, q_BV, *confidence)
 
-        (cache, _, _), (tokens_KB, q_KBV, *confidence_KB) = jax.lax.scan(
+        (cache, _, _), (tokens_KB, q_KBV, *confidence_KB) = draft_chain(
             draft_one, (target_cache, last_B, lengths_B - 1),
-            jax.random.split(key, num_draft_tokens))
+            jax.random.split(key, num_draft_tokens), draft_budget)
         num_real_B = None
         if self.min_confidence is not None:  # static
-            num_real_B = confident_drafts(confidence_KB[0].T, self.min_confidence)
+            num_real_B = confident_drafts(jnp.swapaxes(confidence_KB[0], 0, 1),
+                                          self.min_confidence)
         return state, Proposal(tokens=tokens_KB.T, q=jnp.transpose(q_KBV, (1, 0, 2)),
                                num_real=num_real_B), cache
 
