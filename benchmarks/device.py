@@ -5,8 +5,8 @@
    and SmolLM2-135M, float32 and bfloat16, unrolled against scanned layers (each forward
    timed as a decode loop runs it: `specjax.timing.forward_timer`).
 2. The decode-phase speedup over plain decoding (greedy, batch 1, same run, compile
-   excluded) of the draft-model chain, the EAGLE-3 dynamic tree, prompt lookup, lookahead
-   and retrieval from the row's own text, on the bundled pair (its shipped draft and
+   excluded) of the draft-model chain, the EAGLE-3 dynamic tree, prompt lookup, lookahead,
+   retrieval from the row's own text and layer skipping, on the bundled pair (its shipped draft and
    head) and SmolLM2 (the shipped distilled draft and EAGLE-3 head).
 
 Results are written after every section, so a run cut short still leaves what it
@@ -28,7 +28,7 @@ import specjax
 import specjax_models
 from benchmarks.common import machine_record
 from benchmarks.trees import measure
-from specjax.drafters import Lookahead, Retrieval
+from specjax.drafters import LayerSkip, Lookahead, Retrieval
 from specjax.timing import forward_timer, interleaved_medians
 from specjax.trees import DynamicTree
 
@@ -124,6 +124,10 @@ def decode_speedups(args, budget: Budget) -> list[dict]:
                                               None),
             "retrieval, own text, 16 nodes": lambda: (Retrieval(None, min_probability=0.1),
                                                       None, None),
+            # Self-speculation: every other inner block skipped (where a forward is memory
+            # bound, c is then about half a target step).
+            "layer skip, odd inner blocks, chain K=4": lambda target=target: (
+                LayerSkip(skip=tuple(range(1, target.num_layers - 1, 2))), 4, None),
         }
         for label, make in shapes.items():
             if not budget.allows(f"decode {name} {label}"):

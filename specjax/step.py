@@ -21,13 +21,7 @@ from jaxtyping import Bool, Int, Key
 
 from specjax.branches import run_one_of, verify_widths
 from specjax.causal_lm import CausalLM
-from specjax.drafters.base import (
-    Commit,
-    DraftContext,
-    Proposal,
-    check_proposal,
-    drafter_key,
-)
+from specjax.drafters.base import Commit, DraftContext, Proposal, check_proposal, drafter_key
 from specjax.rejection import accept_greedy, accept_sampled
 from specjax.sampling import (
     GREEDY,
@@ -158,19 +152,19 @@ def propose(drafter, state: SpeculativeState, key: Array, config: SpeculativeCon
     (`drafts_with_target`, self-speculation) also gets the target and its cache, and may
     write keys and values in the cache's slots from the last committed token on, which
     the verify forward overwrites before anything reads them."""
+    vocab_size = target.vocab_size
     extra = {} if config.tree is None else {"tree": config.tree}
     context = DraftContext(state.sequence, state.lengths)
     target_cache = state.target_cache
     if getattr(drafter, "drafts_with_target", False):
         drafter_state, proposal, target_cache = drafter.propose(
             state.drafter_state, context, key, num_draft_tokens=config.num_draft_tokens,
-            sampling=sampling, vocab_size=target.vocab_size, target=target,
+            sampling=sampling, vocab_size=vocab_size, target=target,
             target_cache=target_cache, **extra)
     else:
         drafter_state, proposal = drafter.propose(
             state.drafter_state, context, key, num_draft_tokens=config.num_draft_tokens,
-            sampling=sampling, vocab_size=target.vocab_size, **extra)
-    vocab_size = target.vocab_size
+            sampling=sampling, vocab_size=vocab_size, **extra)
     check_proposal(drafter, proposal, state.lengths.shape[0], config.num_draft_tokens,
                    vocab_size, tree=config.tree)
     parents = None if proposal.parents is None else proposal.parents.astype(jnp.int32)
