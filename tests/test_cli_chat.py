@@ -33,3 +33,21 @@ def test_chat_with_retrieval_remembers_its_replies():
     taus = [float(line.split("tau ")[1].split()[0]) for line in chat.stderr.splitlines()
             if "tokens per target forward" in line]
     assert len(taus) == 2 and taus[1] > 1.0
+
+
+def test_adapt_needs_a_draft_model():
+    out = run_cli("chat", "--adapt", "--drafter", "prompt-lookup")
+    assert out.returncode == 2 and "--adapt trains the chat's draft model" in out.stderr
+
+
+@pytest.mark.slow
+def test_chat_adapts_its_draft_after_each_reply():
+    """--adapt with the shipped distilled draft: after each reply the draft takes optimizer
+    steps on the chat so far (its loss reported), and the next reply drafts with it."""
+    smollm2_or_skip()
+    chat = run_cli("chat", "--color", "never", "--max-new-tokens", "16", "--drafter", "model",
+                   "--adapt", "--temperature", "0", input="Hi!\nWhat is 2 + 2?\n",
+                   timeout=600)
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stderr.count("[draft adapted to this chat: loss") == 2
+    assert chat.stderr.count("tokens per target forward") == 2

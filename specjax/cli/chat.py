@@ -19,7 +19,7 @@ from specjax.cli.common import (
     stream_text,
     use_colour,
 )
-from specjax.cli.loading import load_pair, validate_decoding
+from specjax.cli.loading import finish_drafter, load_pair, validate_decoding
 
 
 def register(sub) -> None:
@@ -62,6 +62,10 @@ def register(sub) -> None:
     ch.add_argument("--min-confidence", type=float, default=None, metavar="C",
                     help="--drafter model / eagle3: verify only the leading drafts whose "
                          "cumulative draft probability reaches C (default: all K)")
+    ch.add_argument("--adapt", action="store_true",
+                    help="--drafter model: the draft keeps learning from this chat (online "
+                         "speculative decoding): after each reply a few optimizer steps move "
+                         "it towards SmolLM2's distributions on the replies so far")
     add_prompt_lookup_options(ch)
     add_model_free_options(ch)
     add_self_speculation_options(ch)
@@ -89,6 +93,7 @@ def run(args) -> int:
     messages = [] if args.system is None else [{"role": "system", "content": args.system}]
     cache_size = min(target.max_seq_len, 4096)  # fixed: one compile as the chat grows
     key = jax.random.key(args.seed)
+    distiller = online_distiller(target, drafter) if args.adapt and speculative else None
     while True:
         if interactive:
             print("> ", end="", flush=True)
@@ -130,6 +135,22 @@ def run(args) -> int:
         if hasattr(drafter, "remember") and reply:
             # SuffixDecoding: later replies draft from this chat's earlier ones too.
             drafter = drafter.remember([reply], vocab_size=target.vocab_size)
+        if distiller is not None and reply:
+            distiller.observe([ids], [reply])
+            say(f"[draft adapted to this chat: loss {distiller.update():.4f}]")
+            drafter = finish_drafter(args, distiller.drafter, confidence=False)
+
+
+def online_distiller(target, drafter):
+    """`--adapt`: an OnlineDistiller over the chat's draft model; the groups a layer draft
+    shares with SmolLM2 (its embedding and head rows) stay frozen."""
+    from specjax.drafters import AdaptiveLength
+    from specjax.training.online import OnlineConfig, OnlineDistiller
+
+    draft = drafter.drafter if isinstance(drafter, AdaptiveLength) else drafter
+    shared = tuple(group for group in ("embed", "lm_head") if group in draft.lm.params)
+    return OnlineDistiller(target, draft, OnlineConfig(frozen=shared, batch_size=4,
+                                                       window=256, steps_per_update=2))
 
 
 def _compare_reply(target, drafter, ids, length, sampling, key, eos_ids, cache_size,

@@ -111,6 +111,9 @@ def check_self_speculation_options(args, tree) -> None:
             raise CliError("--skip auto searches on a generate prompt; in chat pass the "
                            "blocks (find them once with specjax generate --drafter "
                            "layer-skip --skip auto)")
+    if getattr(args, "adapt", False) and (args.no_speculation or choice != "model"):
+        raise CliError("--adapt trains the chat's draft model: it needs --drafter model "
+                       "(SmolLM2's shipped distilled draft, or --draft DIR) and speculation")
     if getattr(args, "adaptive_length", False):
         if args.no_speculation or tree is not None or choice in MODEL_FREE_CHOICES:
             raise CliError("--adaptive-length sets the length of a chain of drafts: not with "
@@ -319,9 +322,10 @@ def load_pair(args, sampling, lookup, speculative: bool):
     return target, finish_drafter(args, drafter), tokenizer
 
 
-def finish_drafter(args, drafter):
-    """The drafter with --min-confidence and --adaptive-length applied."""
-    if drafter is not None and getattr(args, "min_confidence", None) is not None:
+def finish_drafter(args, drafter, confidence: bool = True):
+    """The drafter with --min-confidence (unless `confidence` is False: already applied)
+    and --adaptive-length applied."""
+    if confidence and drafter is not None and getattr(args, "min_confidence", None) is not None:
         import dataclasses
 
         drafter = dataclasses.replace(drafter, min_confidence=args.min_confidence)

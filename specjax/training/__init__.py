@@ -20,7 +20,8 @@ drafters: Medusa, EAGLE-1, EAGLE-3 and MTP heads, by self-distillation, `train_h
 `train_head_cached` on target outputs cached once, for targets too costly per step),
 `cached` (`distill_cached`: a draft model distilled from those cached outputs, over a
 reduced vocabulary if it has one, with frozen parameter groups such as a shared
-embedding).
+embedding), `online` (`OnlineDistiller`: online speculative decoding, the draft learning
+from the traffic it serves, between calls).
 """
 
 from specjax.training.cached import DISTILL_KEYS, distill_cached, soft_label_terms
@@ -38,10 +39,11 @@ from specjax.training.heads import (
 )
 from specjax.training.loop import BatchFn, TrainResult, distill, train
 from specjax.training.losses import distill_loss, next_token_loss
+from specjax.training.online import OnlineConfig, OnlineDistiller
 from specjax.training.progress import Progress
 
 __all__ = ["DISTILL_KEYS", "DIVERGENCES", "HEAD_METHODS", "BatchFn", "DistillConfig",
-           "HeadTrainConfig", "Progress", "TrainConfig", "TrainResult", "cache_target_outputs",
+           "HeadTrainConfig", "OnlineConfig", "OnlineDistiller", "Progress", "TrainConfig", "TrainResult", "cache_target_outputs",
            "distill", "distill_cached", "distill_loss", "draft_label_index", "head_acceptance",
            "head_loss", "next_token_loss", "self_distillation_data", "soft_label_terms", "train",
            "train_head", "train_head_cached"]
