@@ -43,7 +43,8 @@ from specjax.training.online import OnlineConfig, OnlineDistiller
 from specjax.training.progress import Progress
 
 __all__ = ["DISTILL_KEYS", "DIVERGENCES", "HEAD_METHODS", "BatchFn", "DistillConfig",
-           "HeadTrainConfig", "OnlineConfig", "OnlineDistiller", "Progress", "TrainConfig", "TrainResult", "cache_target_outputs",
-           "distill", "distill_cached", "distill_loss", "draft_label_index", "head_acceptance",
-           "head_loss", "next_token_loss", "self_distillation_data", "soft_label_terms", "train",
-           "train_head", "train_head_cached"]
+           "HeadTrainConfig", "OnlineConfig", "OnlineDistiller", "Progress", "TrainConfig",
+           "TrainResult", "cache_target_outputs", "distill", "distill_cached", "distill_loss",
+           "draft_label_index", "head_acceptance", "head_loss", "next_token_loss",
+           "self_distillation_data", "soft_label_terms", "train", "train_head",
+           "train_head_cached"]
