@@ -105,6 +105,25 @@ def add_ideal(row: dict, costs: dict) -> None:
                    efficiency=row["speedup"] / (row["tau"] / v))
 
 
+def alternating_passes(decoders: dict, batches: list, reps: int):
+    """Every decoder (`run(batch, seed) -> (tokens, stats)`) over all `batches`, in
+    `reps` + 1 alternating passes (pass 0 compiles and is not timed): `(seconds per
+    decoder [reps], tokens generated per decoder, the last pass's stats per decoder)`."""
+    seconds = {name: [] for name in decoders}
+    tokens, stats = {}, {}
+    for rep in range(reps + 1):
+        for name, run in decoders.items():
+            total, count, parts = 0.0, 0, []
+            for index, batch in enumerate(batches):
+                (n, part), s = wall_seconds(lambda r=run, b=batch, i=index: r(b, i))
+                total, count = total + s, count + n
+                parts.append(part)
+            if rep:
+                seconds[name].append(total)
+            tokens[name], stats[name] = count, parts
+    return seconds, tokens, stats
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts-per-kind", type=int, default=3)
@@ -147,19 +166,7 @@ def main() -> None:
             for kind, every in requests.items():
                 ids = every[:args.prompts_per_kind] if batch_size == 1 else every
                 batches = [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
-                seconds = {name: [] for name in decoders}
-                tokens, stats = {}, {}
-                for rep in range(args.reps + 1):  # pass 0 compiles
-                    for name, run in decoders.items():
-                        total, count, parts = 0.0, 0, []
-                        for index, batch in enumerate(batches):
-                            (n, part), s = wall_seconds(lambda r=run, b=batch, i=index:
-                                                        r(b, i))
-                            total, count = total + s, count + n
-                            parts.append(part)
-                        if rep:
-                            seconds[name].append(total)
-                        tokens[name], stats[name] = count, parts
+                seconds, tokens, stats = alternating_passes(decoders, batches, args.reps)
                 plain_rate = tokens["plain"] / median(seconds["plain"])
                 for name in decoders:
                     rate = tokens[name] / median(seconds[name])

@@ -29,7 +29,13 @@ import numpy as np
 import specjax
 import specjax_models
 from benchmarks.common import RESULTS, machine_record, median, write_results
-from benchmarks.model_free import CACHE_SIZE, MODES, verify_cost, verify_costs
+from benchmarks.model_free import (
+    CACHE_SIZE,
+    MODES,
+    alternating_passes,
+    verify_cost,
+    verify_costs,
+)
 from benchmarks.real import ours
 from benchmarks.real_prompts import PROMPTS
 from specjax.drafters import AdaptiveLength, LayerSkip
@@ -116,19 +122,7 @@ def main() -> None:
                            tok.eos_ids, args.new_tokens, CACHE_SIZE)
                 for name, (d, k, _) in {"plain": (None, 1, None), **found}.items()}
         for kind, ids in requests.items():
-            seconds = {name: [] for name in runs}
-            tokens, stats = {}, {}
-            for rep in range(args.reps + 1):  # pass 0 compiles
-                for name, run in runs.items():
-                    total, count, parts = 0.0, 0, []
-                    for index, request in enumerate(ids):
-                        (n, part), s = wall_seconds(lambda r=run, b=request, i=index:
-                                                    r([b], i))
-                        total, count = total + s, count + n
-                        parts.append(part)
-                    if rep:
-                        seconds[name].append(total)
-                    tokens[name], stats[name] = count, parts
+            seconds, tokens, stats = alternating_passes(runs, [[b] for b in ids], args.reps)
             plain_rate = tokens["plain"] / median(seconds["plain"])
             for name in runs:
                 rate = tokens[name] / median(seconds[name])

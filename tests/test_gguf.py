@@ -252,3 +252,17 @@ def test_a_tensor_type_gguf_cannot_dequantise_is_refused_by_name():
                              tensor_type=gguf.GGMLQuantizationType.Q8_1)
     with pytest.raises(ValueError, match=r"blk\.0\.attn_q\.weight has type Q8_1"):
         _dequantize(tensor)
+
+
+def test_a_loaded_model_drafts_for_itself(tmp_path, source):
+    """LayerSkip on a GGUF file's model: its own blocks minus one, greedy = generate."""
+    path = tmp_path / "m.gguf"
+    write_gguf(path, source)
+    lm = from_gguf(path, cache=False)
+    assert lm.num_layers == 2
+    prompts = [[1, 2, 3, 4], [5, 6]]
+    plain = specjax.generate(lm, prompts, max_new_tokens=8, sampling=specjax.GREEDY)
+    spec = specjax.speculative_generate(lm, specjax.LayerSkip(skip=(1,)), prompts,
+                                        max_new_tokens=8, num_draft_tokens=3,
+                                        sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)

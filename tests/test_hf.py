@@ -189,3 +189,16 @@ def test_a_weight_the_architecture_does_not_use_is_refused(tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match="weights this architecture does not use"):
         specjax_models.from_pretrained(tmp_path)
+
+
+def test_a_loaded_checkpoint_drafts_for_itself(tmp_path):
+    """LayerSkip on a Hugging Face checkpoint: its own blocks minus one, greedy =
+    generate."""
+    _hf_model("llama3").save_pretrained(tmp_path)
+    lm = specjax_models.from_pretrained(tmp_path)
+    prompts = [[1, 2, 3, 4], [5, 6]]
+    plain = specjax.generate(lm, prompts, max_new_tokens=8, sampling=specjax.GREEDY)
+    spec = specjax.speculative_generate(lm, specjax.LayerSkip(skip=(lm.num_layers - 1,)),
+                                        prompts, max_new_tokens=8, num_draft_tokens=3,
+                                        sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
