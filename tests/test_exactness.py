@@ -191,6 +191,9 @@ ENTRIES = {
         layer_skip(method="greedy", min_confidence=0.2), slow_greedy=True, slow_stats=True),
     "draft model, chain, adaptive length": Entry(
         lambda d, t: AdaptiveLength(DraftModel(d, "sample"), start=1)),
+    "eagle3, chain, adaptive length": Entry(
+        lambda d, t: AdaptiveLength(eagle("eagle3")(d, t), start=2), slow_greedy=True,
+        slow_stats=True),
     "layer skip, chain, adaptive length": Entry(
         lambda d, t: AdaptiveLength(layer_skip()(d, t), shrink=2), slow_greedy=True,
         slow_stats=True),

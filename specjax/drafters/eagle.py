@@ -37,6 +37,7 @@ from specjax.drafters.base import (
     Proposal,
     check_min_confidence,
     confident_drafts,
+    draft_chain,
     draft_vocab_ids,
     scatter_to_vocab,
     token_confidence,
@@ -134,6 +135,7 @@ class Eagle:
     reads_target_features: ClassVar[bool] = True
     drafts_trees: ClassVar[bool] = True
     drafts_dynamic_trees: ClassVar[bool] = True
+    takes_draft_budget: ClassVar[bool] = True  # chains: AdaptiveLength's draft_budget
 
     def __post_init__(self):
         if not isinstance(self.config, FeatureHeadConfig):
@@ -284,7 +286,11 @@ class Eagle:
 
     def propose(self, state: EagleState, context: DraftContext, key: Array, *,
                 num_draft_tokens: int, sampling: SamplingParams, vocab_size: int,
-                tree: TreeShape | DynamicTree | None = None) -> tuple[EagleState, Proposal]:
+                tree: TreeShape | DynamicTree | None = None, draft_budget: Array | None = None
+                ) -> tuple[EagleState, Proposal]:
+        """K drafts (a chain; only the first `draft_budget` when given: `AdaptiveLength`;
+        the drafted pairs are scratch past the committed length, so stopping early keeps
+        the cache right), or the nodes of `tree`."""
         if isinstance(tree, DynamicTree):
             return self._propose_dynamic_tree(state, tree, sampling)
         if tree is not None:
@@ -305,9 +311,9 @@ class Eagle:
                                                                           *confidence)
 
         lengths_B = state.cache_lengths
-        (keys, values, _, _, _), (rest_KB, rest_q_KBV, *rest_confidence) = jax.lax.scan(
+        (keys, values, _, _, _), (rest_KB, rest_q_KBV, *rest_confidence) = draft_chain(
             draft_one, (state.keys, state.values, token_B, state.root_hidden, lengths_B),
-            step_keys[1:])
+            step_keys[1:], None if draft_budget is None else draft_budget - 1)
         tokens_BK = jnp.concatenate([token_B[:, None], rest_KB.T], axis=1)
         q_BKV = jnp.concatenate([q_BV[:, None], jnp.transpose(rest_q_KBV, (1, 0, 2))], axis=1)
         num_real_B = None
