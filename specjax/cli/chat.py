@@ -60,8 +60,9 @@ def register(sub) -> None:
                          "measured on the same request (compile excluded)")
     ch.add_argument("--greedy-draft", action="store_true", help=argparse.SUPPRESS)
     ch.add_argument("--min-confidence", type=float, default=None, metavar="C",
-                    help="--drafter model / eagle3: verify only the leading drafts whose "
-                         "cumulative draft probability reaches C (default: all K)")
+                    help="--drafter model / eagle3 / layer-skip: verify only the leading "
+                         "drafts the drafter is confident in (the earlier drafts' "
+                         "probabilities times its top probability reach C; default: all K)")
     ch.add_argument("--adapt", action="store_true",
                     help="--drafter model: the draft keeps learning from this chat (online "
                          "speculative decoding): after each reply a few optimizer steps move "

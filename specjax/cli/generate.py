@@ -55,9 +55,10 @@ def register(sub) -> None:
     gen.add_argument("--greedy-draft", action="store_true",
                      help="draft argmax tokens with one-hot q (exact too)")
     gen.add_argument("--min-confidence", type=float, default=None, metavar="C",
-                     help="draft model / EAGLE heads, chains: verify only the leading drafts "
-                          "whose cumulative draft probability reaches C, a one-token step "
-                          "when none does (pays where a wide verify costs more than a "
+                     help="draft model / EAGLE heads / layer-skip, chains: verify only the "
+                          "leading drafts the drafter is confident in (the earlier drafts' "
+                          "probabilities times its top probability reach C), a one-token "
+                          "step when none (pays where a wide verify costs more than a "
                           "one-token step, as on CPUs; default: verify all K)")
     gen.add_argument("--dynamic-tree", default=None, metavar="NODES,DEPTH,TOP_K",
                      help="draft an EAGLE-2 dynamic token tree per step instead of a chain "

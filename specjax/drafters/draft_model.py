@@ -142,11 +142,12 @@ class DraftModel:
       vocabulary, e.g. `specjax_models.select_layers(target, layers, draft_vocab=ids)`).
       Every other id gets draft probability 0 (q is exactly the distribution drawn
       from, so still exact).
-    min_confidence: chains only: verify only the leading drafts whose cumulative
-      confidence (the product of the draft's temperature-1 probabilities of its tokens)
-      reaches this, down to a one-token step when the first does not (`Proposal.
-      num_real`; every width 0..K is then its own compiled verify). Pays where a wider
-      verify costs more than a one-token step (CPUs); None (default) verifies all K.
+    min_confidence: chains only: offer only the leading drafts whose score reaches this
+      (draft j's: the draft's temperature-1 probabilities of drafts 1..j-1 times its top
+      probability at j; never draft j's own probability, which would bias what is
+      offered; `confident_drafts`), down to a one-token step when the first does not
+      (`Proposal.num_real`; every width 0..K is its own compiled verify). Pays where a
+      wider verify costs more than a one-token step (CPUs); None (default) offers all K.
 
     A pytree: the draft's parameters (and draft_vocab) are its leaves, `method` and
     `max_vocab_padding` static.

@@ -117,11 +117,12 @@ class Eagle:
     config: the head's static shape. method: "sample" (draft from the head's warped
       distribution, q = that distribution) or "greedy" (argmax, one-hot q); trees use
       sampled or top-k children likewise, dynamic trees always top-k.
-    min_confidence: chains only: verify only the leading drafts whose cumulative
-      confidence (the product of the head's temperature-1 probabilities of its tokens)
-      reaches this, down to a one-token step when the first does not (`Proposal.
-      num_real`; every width 0..K is then its own compiled verify). Pays where a wider
-      verify costs more than a one-token step (CPUs); None (default) verifies all K.
+    min_confidence: chains only: offer only the leading drafts whose score reaches this
+      (draft j's: the head's temperature-1 probabilities of drafts 1..j-1 times its top
+      probability at j; never draft j's own probability, which would bias what is
+      offered; `confident_drafts`), down to a one-token step when the first does not
+      (`Proposal.num_real`; every width 0..K is its own compiled verify). Pays where a
+      wider verify costs more than a one-token step (CPUs); None (default) offers all K.
     """
 
     params: dict

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM
@@ -51,8 +52,8 @@ class LayerSkip:
       `allow_empty=True` must say so).
     method: "sample" draws each draft from the skipped model's warped distribution (that
       is q); "greedy" takes its argmax with a one-hot q. Both exact.
-    min_confidence: verify only the leading drafts whose cumulative confidence reaches
-      this (Draft & Verify's early stop of drafting, as `DraftModel` has it); None: all K.
+    min_confidence: offer only the leading drafts the skipped model is confident in (Draft &
+      Verify's early stop of drafting; the rule is `DraftModel`'s); None: all K.
 
     A pytree without leaves: the weights it runs are the target's, passed by the step.
     """
@@ -68,9 +69,10 @@ class LayerSkip:
 
     def __post_init__(self):
         skip = self.skip
-        if isinstance(skip, int) or not all(isinstance(i, int) and not isinstance(i, bool)
-                                            for i in skip):
+        if isinstance(skip, (int, np.integer)) or not all(
+                isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in skip):
             raise TypeError(f"skip must be a sequence of block indices (ints), got {skip!r}")
+        skip = [int(i) for i in skip]
         if len(set(skip)) != len(skip):
             raise ValueError(f"skip repeats a layer: {tuple(skip)}")
         if not skip:
