@@ -218,7 +218,7 @@ class DraftModel:
             return tokens
         return jnp.minimum(tokens, self.lm.vocab_size - 1)
 
-    def _target_logits(self, logits_BV: Array, vocab_size: int) -> Array:
+    def target_logits(self, logits_BV: Array, vocab_size: int) -> Array:
         """The draft's float32 logits over the target's vocabulary."""
         if self.draft_vocab is not None:
             return scatter_to_vocab(logits_BV, self.draft_vocab, vocab_size)
@@ -226,7 +226,7 @@ class DraftModel:
 
     def _draw(self, key: Array, logits_BV: Array, sampling: SamplingParams,
               vocab_size: int) -> tuple[Array, Array]:
-        return draw_with_q(key, self._target_logits(logits_BV, vocab_size), sampling,
+        return draw_with_q(key, self.target_logits(logits_BV, vocab_size), sampling,
                            deterministic=self.method == "greedy")
 
     def propose(self, state: DraftModelState, context: DraftContext, key: Array, *,
@@ -281,12 +281,12 @@ class DraftModel:
     def _confidence(self, logits_BV: Array, token_B: Array, vocab_size: int) -> Array:
         """The draft's temperature-1 probability of each drafted (target) id and its top
         probability (`token_confidence`)."""
-        return token_confidence(self._target_logits(logits_BV, vocab_size), token_B)
+        return token_confidence(self.target_logits(logits_BV, vocab_size), token_B)
 
     def _children(self, key: Array, logits_BV: Array, ranks: int, sampling: SamplingParams,
                   vocab_size: int):
         """`ranks` children of one node (see `draw_children`)."""
-        return draw_children(key, self._target_logits(logits_BV, vocab_size), ranks,
+        return draw_children(key, self.target_logits(logits_BV, vocab_size), ranks,
                              sampling, deterministic=self.method == "greedy")
 
     def _catch_up(self, state: DraftModelState, context: DraftContext,
@@ -309,7 +309,7 @@ class DraftModel:
     def _log_probs(self, logits_BV: Array, sampling: SamplingParams,
                    vocab_size: int) -> Array:
         """Scores for a dynamic tree over the target's vocabulary (`tree_scores`)."""
-        return tree_scores(self._target_logits(logits_BV, vocab_size), sampling)
+        return tree_scores(self.target_logits(logits_BV, vocab_size), sampling)
 
     def _propose_dynamic_tree(self, state: DraftModelState, context: DraftContext,
                               tree: DynamicTree, sampling: SamplingParams,

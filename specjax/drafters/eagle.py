@@ -117,12 +117,8 @@ class Eagle:
     config: the head's static shape. method: "sample" (draft from the head's warped
       distribution, q = that distribution) or "greedy" (argmax, one-hot q); trees use
       sampled or top-k children likewise, dynamic trees always top-k.
-    min_confidence: chains only: offer only the leading drafts whose score reaches this
-      (draft j's: the head's temperature-1 probabilities of drafts 1..j-1 times its top
-      probability at j; never draft j's own probability, which would bias what is
-      offered; `confident_drafts`), down to a one-token step when the first does not
-      (`Proposal.num_real`; every width 0..K is its own compiled verify). Pays where a
-      wider verify costs more than a one-token step (CPUs); None (default) offers all K.
+    min_confidence: chains only: offer only the leading drafts the head is confident in,
+      by `DraftModel`'s rule (`confident_drafts`); None (default) offers all K.
     """
 
     params: dict

@@ -33,10 +33,16 @@ def distill_loss(draft: CausalLM, target: CausalLM, tokens_BT: Array, config: Di
     vocab = min(p_logits.shape[-1], q_logits.shape[-1])
     logp = jax.nn.log_softmax(p_logits[..., :vocab] / config.temperature, axis=-1)
     logq = jax.nn.log_softmax(q_logits[..., :vocab] / config.temperature, axis=-1)
-    if config.divergence == "fkl":
-        per_position = jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1)
-    else:
-        per_position = 0.5 * jnp.sum(jnp.abs(jnp.exp(logp) - jnp.exp(logq)), axis=-1)
+    per_position = divergence_per_position(logp, logq, config.divergence)
     mask = jnp.ones_like(per_position) if pad_id is None else (tokens_BT != pad_id)
     mask = mask.astype(jnp.float32)
     return jnp.sum(per_position * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def divergence_per_position(log_p: Array, log_q: Array, divergence: str) -> Array:
+    """float32 [...]: forward KL(p || q) ("fkl") or total variation ("tvd") between the
+    distributions whose log-probabilities are the last axis of `log_p` and `log_q`."""
+    log_p, log_q = log_p.astype(jnp.float32), log_q.astype(jnp.float32)
+    if divergence == "fkl":
+        return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
+    return 0.5 * jnp.sum(jnp.abs(jnp.exp(log_p) - jnp.exp(log_q)), axis=-1)

@@ -32,10 +32,10 @@ import optax
 from jax import Array
 
 from specjax.causal_lm import CausalLM, full_logits
-from specjax.drafters.base import scatter_to_vocab
-from specjax.drafters.draft_model import DraftModel, fit_vocab
+from specjax.drafters.draft_model import DraftModel
 from specjax.speculative_loop import SpeculativeOutput, speculative_generate
 from specjax.training.config import DIVERGENCES
+from specjax.training.losses import divergence_per_position
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -189,23 +189,15 @@ def _split(params, frozen: tuple[str, ...]) -> tuple[dict, dict]:
 def _update_step(trainable, opt_state, frozen, target: CausalLM, draft: DraftModel,
                  tokens_NW: Array, generated_NW1: Array, agreed_weight: Array, optimizer,
                  divergence: str):
-    p_NW1V = jax.nn.softmax(jax.lax.stop_gradient(
+    log_p_NW1V = jax.nn.log_softmax(jax.lax.stop_gradient(
         full_logits(target, tokens_NW[:, :-1])), axis=-1)
     emitted_NW1 = tokens_NW[:, 1:]
 
     def loss_of(trainable):
         params = type(draft.lm.params)({**frozen, **trainable})
         logits = full_logits(draft.lm.with_params(params), tokens_NW[:, :-1])
-        if draft.draft_vocab is not None:
-            logits = scatter_to_vocab(logits, draft.draft_vocab, target.vocab_size)
-        else:
-            logits = fit_vocab(logits.astype(jnp.float32), target.vocab_size)
-        log_q = jax.nn.log_softmax(logits, axis=-1)
-        if divergence == "fkl":
-            per_position = jnp.sum(p_NW1V * (jnp.log(jnp.maximum(p_NW1V, 1e-30)) - log_q),
-                                   axis=-1)
-        else:
-            per_position = 0.5 * jnp.sum(jnp.abs(p_NW1V - jnp.exp(log_q)), axis=-1)
+        log_q = jax.nn.log_softmax(draft.target_logits(logits, target.vocab_size), axis=-1)
+        per_position = divergence_per_position(log_p_NW1V, log_q, divergence)
         # The positions whose emitted token was not the draft's top one come first.
         missed = (jnp.argmax(log_q, axis=-1) != emitted_NW1).astype(jnp.float32)
         weights = generated_NW1 * (missed + agreed_weight * (1.0 - missed))
