@@ -136,3 +136,13 @@ def test_a_subset_of_layers_leaves_the_skipped_layers_cache_alone():
         assert bool(jnp.any(written.keys[layer] != 0)) == touched
     with pytest.raises(ValueError, match="increasing"):
         target.apply(tokens, positions, cache, jnp.zeros(1, jnp.int32), layers=(2, 0))
+
+
+def test_drafting_in_the_targets_cache_copies_no_cache_array():
+    """The drafts' keys and values go into the target's cache in place, with or without
+    an adaptive length's early stop: the compiled loop holds no copy of a cache array."""
+    from test_step import _cache_copies
+
+    target = build_lm(0)
+    assert _cache_copies(target, LayerSkip(skip=(1,)), 4) == []
+    assert _cache_copies(target, AdaptiveLength(LayerSkip(skip=(1,))), 4) == []
