@@ -139,7 +139,7 @@ def run(args) -> int:
         if distiller is not None and reply:
             distiller.observe([ids], [reply])
             say(f"[draft adapted to this chat: loss {distiller.update():.4f}]")
-            drafter = finish_drafter(args, distiller.drafter, confidence=False)
+            drafter = finish_drafter(args, distiller.drafter)
 
 
 def online_distiller(target, drafter):

@@ -322,10 +322,9 @@ def load_pair(args, sampling, lookup, speculative: bool):
     return target, finish_drafter(args, drafter), tokenizer
 
 
-def finish_drafter(args, drafter, confidence: bool = True):
-    """The drafter with --min-confidence (unless `confidence` is False: already applied)
-    and --adaptive-length applied."""
-    if confidence and drafter is not None and getattr(args, "min_confidence", None) is not None:
+def finish_drafter(args, drafter):
+    """The drafter with --min-confidence and --adaptive-length applied."""
+    if drafter is not None and getattr(args, "min_confidence", None) is not None:
         import dataclasses
 
         drafter = dataclasses.replace(drafter, min_confidence=args.min_confidence)
