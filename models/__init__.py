@@ -26,6 +26,7 @@ _SOURCES = {
     "create_head": "heads", "load_head_for": "heads",
     "from_pretrained": "hf", "save_pretrained": "hf",
     "load_tokenizer": "hf_tokenizer",
+    "load_drafter": "published_drafters",
     "load_layer_draft": "layer_draft", "save_layer_draft": "layer_draft",
     "ByteTokenizer": "tokenizer",
     "KVCache": "transformer", "Transformer": "transformer", "TransformerConfig": "transformer",
@@ -56,6 +57,7 @@ __all__ = [
     "load_bundled",
     "load_checkpoint",
     "load_config",
+    "load_drafter",
     "load_head_for",
     "load_layer_draft",
     "load_tokenizer",
@@ -89,6 +91,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from specjax_models.hf import from_pretrained, save_pretrained
     from specjax_models.hf_tokenizer import load_tokenizer
     from specjax_models.layer_draft import load_layer_draft, save_layer_draft
+    from specjax_models.published_drafters import load_drafter
     from specjax_models.tokenizer import ByteTokenizer
     from specjax_models.transformer import (
         KVCache,

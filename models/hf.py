@@ -51,7 +51,8 @@ _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 # ---------------------------------------------------------------- configs
 
-def _rope(hf: dict) -> tuple[float, tuple | None]:
+def rope_from_hf(hf: dict) -> tuple[float, tuple | None]:
+    """`(rope_theta, rope_scaling tuple or None)` of a Hugging Face config."""
     params = dict(hf.get("rope_parameters") or {})
     scaling = hf.get("rope_scaling") or {}
     theta = float(hf.get("rope_theta") or params.get("rope_theta") or 10_000.0)
@@ -123,7 +124,7 @@ def config_from_hf(hf: dict, dtype=None) -> TransformerConfig:
         raise ValueError(f"hidden activation {act!r} is not supported")
     if hf.get("use_sliding_window"):
         raise ValueError(f"{model_type} with use_sliding_window=true is not supported")
-    theta, rope_scaling = _rope(hf)
+    theta, rope_scaling = rope_from_hf(hf)
     attention_bias = bool(hf.get("attention_bias", False))
     fields = dict(
         vocab_size=hf["vocab_size"], num_layers=hf["num_hidden_layers"],

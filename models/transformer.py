@@ -23,6 +23,7 @@ from flax import nnx
 from jax import Array
 
 from specjax import attention
+from specjax.rope import apply_rotary, check_rope_scaling, inverse_frequencies
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -52,7 +53,6 @@ ACTIVATIONS = {
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
 }
-ROPE_SCALING_TYPES = ("llama3", "linear")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -168,13 +168,7 @@ class TransformerConfig:
         if self.sliding_layers not in ("all", "even", "none"):
             raise ValueError(f"sliding_layers must be 'all', 'even' or 'none', got "
                              f"{self.sliding_layers!r}")
-        if self.rope_scaling is not None:
-            kind = self.rope_scaling[0]
-            expected = {"llama3": 5, "linear": 2}.get(kind)
-            if expected is None or len(self.rope_scaling) != expected:
-                raise ValueError(f"rope_scaling must be ('linear', factor) or ('llama3', "
-                                 "factor, low_freq_factor, high_freq_factor, "
-                                 f"original_max_position_embeddings), got {self.rope_scaling!r}")
+        check_rope_scaling(self.rope_scaling)
         if not isinstance(self.scan_layers, bool):
             raise ValueError(f"scan_layers must be a bool, got {self.scan_layers!r}")
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
@@ -286,34 +280,9 @@ class KVCache:
 
 
 def rotary_inverse_frequencies(config: TransformerConfig) -> Array:
-    """`[head_dim // 2]` float32 inverse frequencies theta^(-2i/head_dim), rescaled as
-    `rope_scaling` asks (Llama 3.1's band-wise rule, or linear)."""
-    head_dim = config.resolved_head_dim
-    exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
-    inv_freq = 1.0 / (config.rope_theta ** exponents)
-    if config.rope_scaling is None:
-        return inv_freq
-    if config.rope_scaling[0] == "linear":
-        return inv_freq / config.rope_scaling[1]
-    _, factor, low_freq_factor, high_freq_factor, original = config.rope_scaling
-    low_wavelen, high_wavelen = original / low_freq_factor, original / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return jnp.where(medium, smoothed, scaled)
-
-
-def apply_rotary(x_BTNH: Array, positions_BT: Array, inv_freq_F: Array) -> Array:
-    """Rotate queries or keys by their positions (rotate-half layout, float32 maths)."""
-    angles_BTF = positions_BT.astype(jnp.float32)[..., None] * inv_freq_F[None, None, :]
-    angles_BTH = jnp.concatenate([angles_BTF, angles_BTF], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(angles_BTH), jnp.sin(angles_BTH)
-    x = x_BTNH.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return (x * cos + rotated * sin).astype(x_BTNH.dtype)
+    """`[head_dim // 2]` float32 inverse frequencies of this model (`specjax.rope`)."""
+    return inverse_frequencies(config.resolved_head_dim, config.rope_theta,
+                               config.rope_scaling)
 
 
 def _softcap(x: Array, cap: float | None) -> Array:

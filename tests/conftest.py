@@ -1,8 +1,10 @@
 """Shared fixtures: tiny models built once per session so compiled functions are reused."""
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 # Tests check behaviour, never speed (benchmarks measure it): XLA's CPU backend compiles
 # at LLVM -O0 here, which takes about a third less compile time, and most of a test's
@@ -156,3 +158,33 @@ def smollm2_or_skip() -> None:
         specjax_models.smollm2_path()
     except FileNotFoundError as error:
         pytest.skip(str(error))
+
+
+def tiny_hub_model(directory: Path, num_layers: int) -> Path:
+    """A Qwen2 checkpoint of random weights in Hugging Face's layout, with a word-level
+    tokenizer whose chat template is ChatML (what a download of a Qwen2.5 model holds)."""
+    import torch
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tokenizer_models
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if (directory / "config.json").exists():
+        return directory
+    torch.manual_seed(num_layers)
+    words = ["[UNK]", "<|im_start|>", "<|im_end|>", "user", "assistant", "system"]
+    words += "write a haiku about jax . the of and to in is".split()
+    vocab = {word: i for i, word in enumerate(words)}
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=num_layers, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, eos_token_id=vocab["<|im_end|>"])
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    tokenizer = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} "
+                "<|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|> "
+                "assistant {% endif %}")
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "chat_template": template}))
+    return directory

@@ -170,3 +170,45 @@ def test_skip_auto_measures_candidates_on_the_prompt():
     assert out.returncode == 0, out.stderr
     assert "measuring which blocks to skip" in out.stderr and "--skip " in out.stderr
     assert len(json.loads(out.stdout)["tokens"]) > 0
+
+
+@pytest.mark.slow
+def test_a_published_drafter_on_a_hugging_face_target(tmp_path):
+    """--hf DIR --drafter-dir DIR: a downloaded-style target and EAGLE-3 / Medusa-1 heads
+    (random weights in the published layouts) give the target's own greedy text."""
+    from conftest import tiny_hub_model
+
+    from specjax_models.published_layouts import SyntheticShape, write_synthetic_drafter
+
+    target = tiny_hub_model(tmp_path / "target", 2)
+    shape = SyntheticShape(d_model=32, vocab_size=64, num_layers=2, num_heads=4,
+                           num_kv_heads=2, draft_vocab_size=40)
+    common = ("generate", "write a haiku about jax", "--hf", str(target), "--json",
+              "--max-new-tokens", "12", "--no-eos")
+    plain = run_cli(*common, "--no-speculation")
+    assert plain.returncode == 0, plain.stderr
+    expected = json.loads(plain.stdout)["tokens"]
+    assert len(expected) == 12
+    for layout, options in (("eagle3-speculators", ("--num-draft-tokens", "3")),
+                            ("medusa1", ())):
+        head = write_synthetic_drafter(tmp_path / layout, layout, shape, scale=0.3)
+        spec = run_cli(*common, "--drafter-dir", str(head), *options)
+        assert spec.returncode == 0, spec.stderr
+        out = json.loads(spec.stdout)
+        assert out["tokens"] == expected and out["stats"] is not None
+    wide = write_synthetic_drafter(tmp_path / "wide", "eagle1",
+                                   SyntheticShape(d_model=64, vocab_size=64, num_layers=2))
+    refused = run_cli(*common, "--drafter-dir", str(wide))
+    assert refused.returncode == 2 and "--drafter-dir" in refused.stderr
+    assert "onto the model it was trained for" in refused.stderr
+
+
+@pytest.mark.parametrize("options,message", [
+    (("--drafter-dir", "{dir}", "--drafter", "eagle3"), "drop --drafter"),
+    (("--hf", "{dir}", "--model", "smollm2"), "--hf loads the target"),
+    (("--drafter-dir", "{missing}"), "--drafter-dir"),
+])
+def test_published_drafter_options_are_checked_before_loading(tmp_path, options, message):
+    words = [w.format(dir=tmp_path, missing=tmp_path / "missing") for w in options]
+    result = run_cli("generate", "x", *words)
+    assert result.returncode == 2 and message in result.stderr, result.stderr

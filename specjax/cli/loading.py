@@ -14,6 +14,7 @@ from specjax.cli.common import CliError, check_dir
 HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp")
 MODEL_FREE_CHOICES = ("lookahead", "retrieval")
 SELF_CHOICES = ("layer-skip",)
+PUBLISHED = "published"  # --drafter-dir: a downloaded EAGLE / Medusa head
 
 
 def load_model(path: str | None, name: str):
@@ -44,6 +45,7 @@ def validate_decoding(args):
 
     check_dir(args.target, "--target")
     check_dir(args.draft, "--draft")
+    check_published_options(args)
     head = getattr(args, "head", None)
     if head is not None and not os.path.isfile(os.path.join(head, "head.json")):
         raise CliError(f"--head {head} holds no trained head (expected head.json and head.npz, "
@@ -67,7 +69,7 @@ def validate_decoding(args):
     if args.num_draft_tokens is None:
         # Medusa drafts as deep as it has heads (known once loaded, see load_pair).
         args.num_draft_tokens = 1 if drafter_choice(args) == "medusa" else 6
-        args.k_from_heads = drafter_choice(args) == "medusa"
+        args.k_from_heads = drafter_choice(args) in ("medusa", PUBLISHED)
     try:
         sampling = specjax.SamplingConfig(temperature=args.temperature, top_k=args.top_k,
                                           top_p=args.top_p)
@@ -81,6 +83,41 @@ def validate_decoding(args):
     check_model_free_options(args)
     check_self_speculation_options(args, tree)
     return sampling, lookup, tree
+
+
+def check_published_options(args) -> None:
+    """--hf DIR (a Hugging Face target) and --drafter-dir DIR (a published drafter)."""
+    hf, drafter_dir = getattr(args, "hf", None), getattr(args, "drafter_dir", None)
+    check_dir(hf, "--hf")
+    check_dir(drafter_dir, "--drafter-dir")
+    if hf and (args.target or args.model != "bundled"):
+        raise CliError("--hf loads the target from its directory; drop --target / --model")
+    if drafter_dir and (args.drafter is not None or args.draft
+                        or getattr(args, "head", None)):
+        raise CliError("--drafter-dir names the drafter (a published EAGLE-1/2/3 or Medusa-1 "
+                       "head); drop --drafter / --draft / --head")
+
+
+def load_hf(directory: str):
+    """A Hugging Face target and its tokenizer, the loaders' refusals as the option's."""
+    import specjax_models
+
+    try:
+        return (specjax_models.from_pretrained(directory),
+                specjax_models.load_tokenizer(directory))
+    except (FileNotFoundError, ValueError, ImportError) as error:
+        raise CliError(f"--hf {directory}: {error}") from None
+
+
+def load_published(args, target):
+    """`specjax_models.load_drafter(--drafter-dir, target)`, its refusals as the option's."""
+    import specjax_models
+
+    try:
+        return specjax_models.load_drafter(args.drafter_dir, target,
+                                           method="greedy" if args.greedy_draft else None)
+    except (FileNotFoundError, ValueError, ImportError) as error:
+        raise CliError(f"--drafter-dir {args.drafter_dir}: {error}") from None
 
 
 def parse_skip(text: str):
@@ -235,9 +272,12 @@ def drafter_choice(args) -> str:
     EAGLE-3 head, `--drafter eagle3`, and distilled draft, `--drafter model`, are still too
     weak to beat it: see their MODEL_CARDs), unless --draft names a draft that shares its
     tokenizer."""
+    if getattr(args, "drafter_dir", None):
+        return PUBLISHED
     if args.drafter is not None:
         return args.drafter
-    return "model" if args.model == "bundled" or args.draft else "prompt-lookup"
+    bundled = args.model == "bundled" and not getattr(args, "hf", None)
+    return "model" if bundled or args.draft else "prompt-lookup"
 
 
 def load_smollm2():
@@ -275,7 +315,9 @@ def load_pair(args, sampling, lookup, speculative: bool):
     import specjax_models
 
     choice = drafter_choice(args)
-    if args.model == "smollm2":
+    if getattr(args, "hf", None):
+        target, tokenizer = load_hf(args.hf)
+    elif args.model == "smollm2":
         if args.target:
             raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
                            "loads SmolLM2 itself")
@@ -301,11 +343,15 @@ def load_pair(args, sampling, lookup, speculative: bool):
         if skip == "auto":  # searched on the prompt by the command (search_layer_skip)
             return target, None, tokenizer
         drafter = layer_skip(args, skip, target, sampling)
-    elif speculative and choice in HEAD_CHOICES:
-        drafter = load_head(args, choice, target)
-        drafter.check(target, sampling)
-        if getattr(args, "k_from_heads", False):
-            args.num_draft_tokens = drafter.num_heads
+    elif speculative and choice in (*HEAD_CHOICES, PUBLISHED):
+        drafter = (load_published(args, target) if choice == PUBLISHED
+                   else load_head(args, choice, target))
+        try:
+            drafter.check(target, sampling)
+        except ValueError as error:
+            raise CliError(str(error)) from None
+        if getattr(args, "k_from_heads", False) and hasattr(drafter, "num_heads"):
+            args.num_draft_tokens = drafter.num_heads  # Medusa: as deep as its heads
     elif speculative and args.model == "smollm2" and smollm2_draft(args) is not None:
         from specjax_models import load_layer_draft
 

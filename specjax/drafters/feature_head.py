@@ -17,6 +17,16 @@ state for position t whose logits (through the target's own LM head) predict tok
 The layer itself is a pre-norm Llama block (RMSNorm, RoPE, grouped-query attention,
 SwiGLU) with its own KV cache `[B, S, H_kv, head_dim]`; logits are
 `final_norm(out) @ lm_head.T` with the target's frozen embedding and LM head.
+
+Switches for the layers published checkpoints carry (`specjax_models.load_drafter`):
+- `layer_input="concat"` (the EAGLE-3 authors' and `speculators`' layer): the residual
+  stream is the feature itself (`feature_norm(feature)` with `norm_before_residual`) and
+  the attention reads `[embed_norm(embedding); feature_norm(feature)]`, 2D wide.
+- `attn_norm=False` / `final_norm=False` (the EAGLE-1/2 authors' layer: no input norm in
+  its layer 0, logits straight from the output); `qkv_bias` (heads for Qwen2 targets).
+- `first_pair=False`: the published heads never saw a pair before the first token, so the
+  slot-0 pair (zero feature, first token) is hidden from every later position.
+- `rope_scaling`: Llama 3.1's band-wise rule or linear (`specjax.rope`).
 """
 
 from __future__ import annotations
@@ -29,9 +39,10 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import Float, Int
 
-from specjax import attention
+from specjax import attention, rope
 
 HEAD_KINDS = ("eagle1", "eagle3", "mtp")
+LAYER_INPUTS = ("fc", "concat")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,6 +53,9 @@ class FeatureHeadConfig:
     width (features and embeddings). feature_layers: the target layers whose incoming
     residual streams an "eagle3" head fuses (empty for the others, which read the final
     hidden state). num_heads / num_kv_heads / head_dim / d_ff: the head's block.
+    layer_input, norm_before_residual, attn_norm, final_norm, qkv_bias, first_pair,
+    rope_scaling: the published layers' switches (module docstring); the defaults are the
+    heads `specjax train-drafter` trains.
     """
 
     kind: str
@@ -54,6 +68,13 @@ class FeatureHeadConfig:
     rope_theta: float = 10_000.0
     rms_norm_eps: float = 1e-5
     feature_norm: bool = False
+    layer_input: str = "fc"
+    norm_before_residual: bool = False
+    attn_norm: bool = True
+    final_norm: bool = True
+    qkv_bias: bool = False
+    first_pair: bool = True
+    rope_scaling: tuple | None = None
 
     def __post_init__(self):
         if self.kind not in HEAD_KINDS:
@@ -68,6 +89,20 @@ class FeatureHeadConfig:
         if self.kind != "eagle3" and self.feature_layers:
             raise ValueError(f"a {self.kind} head reads the target's final hidden state only; "
                              "feature_layers is for kind='eagle3'")
+        if self.layer_input not in LAYER_INPUTS:
+            raise ValueError(f"layer_input must be one of {LAYER_INPUTS}, got "
+                             f"{self.layer_input!r}")
+        if self.layer_input == "concat" and self.kind == "mtp":
+            raise ValueError("layer_input='concat' is EAGLE-3's published layer; an mtp head "
+                             "projects [embedding; feature] with its own proj")
+        if self.layer_input == "concat" and (self.feature_norm or not self.attn_norm):
+            raise ValueError("a layer_input='concat' head always normalises its feature and "
+                             "embedding (feature_norm / attn_norm do not apply)")
+        if self.norm_before_residual and self.layer_input != "concat":
+            raise ValueError("norm_before_residual is for layer_input='concat' heads")
+        if self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", tuple(self.rope_scaling))
+        rope.check_rope_scaling(self.rope_scaling)
         for name in ("d_model", "num_heads", "num_kv_heads", "d_ff"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -86,37 +121,50 @@ class FeatureHeadConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @property
+    def attention_width(self) -> int:
+        """The width the attention's projections read: D, or 2D for layer_input='concat'."""
+        return 2 * self.d_model if self.layer_input == "concat" else self.d_model
+
     @classmethod
     def from_dict(cls, fields: dict) -> FeatureHeadConfig:
         fields = dict(fields)
         fields["feature_layers"] = tuple(fields.get("feature_layers", ()))
+        if fields.get("rope_scaling") is not None:
+            fields["rope_scaling"] = tuple(fields["rope_scaling"])
         return cls(**fields)
 
 
 def init_head_params(config: FeatureHeadConfig, key: Array) -> dict:
     """Random float32 parameters (normal, std 0.02; norms at 1; biases at 0)."""
-    d, hd = config.d_model, config.resolved_head_dim
-    shapes = {"wq": (d, config.num_heads * hd), "wk": (d, config.num_kv_heads * hd),
-              "wv": (d, config.num_kv_heads * hd), "wo": (config.num_heads * hd, d),
+    d, hd, a = config.d_model, config.resolved_head_dim, config.attention_width
+    shapes = {"wq": (a, config.num_heads * hd), "wk": (a, config.num_kv_heads * hd),
+              "wv": (a, config.num_kv_heads * hd), "wo": (config.num_heads * hd, d),
               "w_gate": (d, config.d_ff), "w_up": (d, config.d_ff), "w_down": (config.d_ff, d)}
     if config.kind == "mtp":
         shapes["proj"] = (2 * d, d)
-    else:
+    elif config.layer_input == "fc":
         shapes["fc"] = (2 * d, d)
     if config.kind == "eagle3":
         shapes["fuse"] = (len(config.feature_layers) * d, d)
     keys = jax.random.split(key, len(shapes))
     params = {name: 0.02 * jax.random.normal(k, shape, jnp.float32)
               for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=True)}
-    for norm in ("attn_norm", "mlp_norm", "final_norm"):
+    norms = ["mlp_norm"]
+    norms += ["attn_norm"] if config.attn_norm and config.layer_input == "fc" else []
+    norms += ["final_norm"] if config.final_norm else []
+    if config.kind == "mtp" or config.layer_input == "concat":
+        norms += ["embed_norm", "feature_norm"]
+    elif config.feature_norm:
+        norms += ["feature_norm"]
+    for norm in norms:
         params[norm] = jnp.ones((d,), jnp.float32)
-    if config.kind == "mtp":
-        params["embed_norm"] = jnp.ones((d,), jnp.float32)
-        params["feature_norm"] = jnp.ones((d,), jnp.float32)
-    else:
+    if config.kind != "mtp" and config.layer_input == "fc":
         params["fc_bias"] = jnp.zeros((d,), jnp.float32)
-        if config.feature_norm:
-            params["feature_norm"] = jnp.ones((d,), jnp.float32)
+    if config.qkv_bias:
+        for name, width in (("bq", config.num_heads), ("bk", config.num_kv_heads),
+                            ("bv", config.num_kv_heads)):
+            params[name] = jnp.zeros((width * hd,), jnp.float32)
     return params
 
 
@@ -129,15 +177,6 @@ def rms_norm(x: Array, weight: Array, eps: float) -> Array:
 def _lead(vector: Array, ndim: int) -> Array:
     """`vector` [D] with leading unit axes up to `ndim` (explicit broadcasting)."""
     return vector.reshape((1,) * (ndim - vector.ndim) + vector.shape)
-
-
-def _rope(x_BTNH: Array, positions_BT: Array, theta: float) -> Array:
-    half = x_BTNH.shape[-1] // 2
-    inv_freq_F = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))
-    angles_BTF = positions_BT.astype(jnp.float32)[..., None] * inv_freq_F[None, None]
-    cos, sin = jnp.cos(angles_BTF)[:, :, None], jnp.sin(angles_BTF)[:, :, None]
-    x1, x2 = x_BTNH[..., :half], x_BTNH[..., half:]
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 def fuse_features(params: dict, config: FeatureHeadConfig, hidden: Array) -> Array:
@@ -160,35 +199,59 @@ def fuse_features(params: dict, config: FeatureHeadConfig, hidden: Array) -> Arr
 
 
 def head_inputs(params: dict, config: FeatureHeadConfig, embedding_VD: Array,
-                tokens_BT: Int[Array, "B T"], features_BTD: Float[Array, "B T D"]) -> Array:
-    """The block's input at each position: the token's embedding combined with the feature
-    of the previous position (float32 [B, T, D])."""
+                tokens_BT: Int[Array, "B T"], features_BTD: Float[Array, "B T D"]
+                ) -> tuple[Array, Array]:
+    """The block's inputs at each position, from the token's embedding and the feature of
+    the previous position: `(residual [B, T, D], attention input [B, T, A])`, float32; A is
+    `config.attention_width`."""
     token_ids = jnp.clip(tokens_BT, 0, embedding_VD.shape[0] - 1)
     embedded_BTD = embedding_VD[token_ids].astype(jnp.float32)
     features_BTD = features_BTD.astype(jnp.float32)
+    eps = config.rms_norm_eps
+    if config.layer_input == "concat":
+        normed_BTD = rms_norm(features_BTD, params["feature_norm"], eps)
+        attention_input = jnp.concatenate([rms_norm(embedded_BTD, params["embed_norm"], eps),
+                                           normed_BTD], axis=-1)
+        return (normed_BTD if config.norm_before_residual else features_BTD), attention_input
     if config.kind == "mtp":
-        joined = jnp.concatenate([rms_norm(embedded_BTD, params["embed_norm"],
-                                           config.rms_norm_eps),
-                                  rms_norm(features_BTD, params["feature_norm"],
-                                           config.rms_norm_eps)], axis=-1)
-        return joined @ params["proj"]
-    if config.feature_norm:
-        features_BTD = rms_norm(features_BTD, params["feature_norm"], config.rms_norm_eps)
-    joined = jnp.concatenate([embedded_BTD, features_BTD], axis=-1)
-    return joined @ params["fc"] + _lead(params["fc_bias"], joined.ndim)
+        joined = jnp.concatenate([rms_norm(embedded_BTD, params["embed_norm"], eps),
+                                  rms_norm(features_BTD, params["feature_norm"], eps)], axis=-1)
+        x_BTD = joined @ params["proj"]
+    else:
+        if config.feature_norm:
+            features_BTD = rms_norm(features_BTD, params["feature_norm"], eps)
+        joined = jnp.concatenate([embedded_BTD, features_BTD], axis=-1)
+        x_BTD = joined @ params["fc"] + _lead(params["fc_bias"], joined.ndim)
+    return x_BTD, (rms_norm(x_BTD, params["attn_norm"], eps) if config.attn_norm else x_BTD)
 
 
-def project_qkv(params: dict, config: FeatureHeadConfig, x_BTD: Array, positions_BT: Array):
+def project_qkv(params: dict, config: FeatureHeadConfig, attention_input_BTA: Array,
+                positions_BT: Array):
     """Queries [B, T, H, hd], keys and values [B, T, H_kv, hd] of the block's attention
-    (RoPE applied at the given positions)."""
-    batch, length, _ = x_BTD.shape
+    (RoPE applied at the given positions) from `head_inputs`' attention input."""
+    batch, length, _ = attention_input_BTA.shape
     hd = config.resolved_head_dim
-    normed = rms_norm(x_BTD, params["attn_norm"], config.rms_norm_eps)
-    q = (normed @ params["wq"]).reshape(batch, length, config.num_heads, hd)
-    k = (normed @ params["wk"]).reshape(batch, length, config.num_kv_heads, hd)
-    v = (normed @ params["wv"]).reshape(batch, length, config.num_kv_heads, hd)
-    return (_rope(q, positions_BT, config.rope_theta), _rope(k, positions_BT, config.rope_theta),
-            v)
+    inv_freq_F = rope.inverse_frequencies(hd, config.rope_theta, config.rope_scaling)
+
+    def project(name, heads):
+        out = attention_input_BTA @ params["w" + name]
+        if config.qkv_bias:
+            out = out + _lead(params["b" + name], out.ndim)
+        return out.reshape(batch, length, heads, hd)
+
+    q, k = project("q", config.num_heads), project("k", config.num_kv_heads)
+    return (rope.apply_rotary(q, positions_BT, inv_freq_F),
+            rope.apply_rotary(k, positions_BT, inv_freq_F), project("v", config.num_kv_heads))
+
+
+def first_pair_visibility(config: FeatureHeadConfig, query_slots_BT: Array,
+                          slots_S: Array) -> Array | None:
+    """`[B, T, S]` bool: may a query at `query_slots` read each key slot, as far as the
+    first pair goes (`first_pair=False` hides slot 0 from every query but its own); None
+    when every slot is visible."""
+    if config.first_pair:
+        return None
+    return (slots_S >= 1)[None, None, :] | (query_slots_BT == 0)[:, :, None]
 
 
 def attention_weights(config: FeatureHeadConfig, q_BTNH: Array, keys_BSKH: Array,
@@ -220,21 +283,27 @@ def _write_rows(cache_BSKH: Array, new_BTKH: Array, starts_B: Array) -> Array:
     return jax.vmap(write)(cache_BSKH, new_BTKH.astype(cache_BSKH.dtype), starts_B)
 
 
-def head_block(params: dict, config: FeatureHeadConfig, x_BTD: Array, positions_BT: Array,
-               cache: tuple[Array, Array] | None, cache_lengths_B: Array | None = None,
-               new_mask_BTT: Array | None = None):
-    """The block over T new positions: `(out [B, T, D], cache)`.
+def head_block(params: dict, config: FeatureHeadConfig, inputs: tuple[Array, Array],
+               positions_BT: Array, cache: tuple[Array, Array] | None,
+               cache_lengths_B: Array | None = None, new_mask_BTT: Array | None = None):
+    """The block over T new positions given `head_inputs`' `(residual, attention input)`:
+    `(out [B, T, D], cache)`.
 
     With a cache `(keys, values)` each [B, S, H_kv, hd], the new keys/values are written at
     slots `cache_lengths[b] + t` and each new position attends to slots below
     `cache_lengths[b]` plus the new positions `new_mask` allows (causal when None). With
-    `cache=None` it is a causal forward over the T positions alone."""
-    q, k, v = project_qkv(params, config, x_BTD, positions_BT)
+    `cache=None` it is a causal forward over the T positions alone (slots 0 ... T - 1)."""
+    x_BTD, attention_input = inputs
+    q, k, v = project_qkv(params, config, attention_input, positions_BT)
     batch, length = x_BTD.shape[:2]
     if cache is None:
         causal_TT = jnp.tril(jnp.ones((length, length), bool))
         visible_BTT = (jnp.broadcast_to(causal_TT, (batch, length, length))
                        if new_mask_BTT is None else new_mask_BTT)
+        slots_T = jnp.arange(length)
+        first = first_pair_visibility(config, jnp.broadcast_to(slots_T, (batch, length)),
+                                      slots_T)
+        visible_BTT = visible_BTT if first is None else visible_BTT & first
         weights, _ = attention_weights(config, q, k.astype(jnp.float32), visible_BTT)
         attended_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", weights, v.astype(jnp.float32))
         return finish_block(params, config, x_BTD, attended_BTKGH), None
@@ -263,8 +332,11 @@ def _attend_cache(config: FeatureHeadConfig, q_BTNH: Array, keys_BSKH: Array,
         return keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
 
     def visible_block(query_t, slots_S):
-        return attention.written_cache_visibility(cache_lengths_B, query_t, slots_S, length,
-                                                  new_mask_BTT)
+        visible = attention.written_cache_visibility(cache_lengths_B, query_t, slots_S,
+                                                     length, new_mask_BTT)
+        first = first_pair_visibility(config, cache_lengths_B[:, None] + query_t[None],
+                                      slots_S)
+        return visible if first is None else visible & first
 
     reach_BT = cache_lengths_B[:, None] + attention.last_visible_new(new_mask_BTT, batch,
                                                                      length) + 1
@@ -276,8 +348,10 @@ def _attend_cache(config: FeatureHeadConfig, q_BTNH: Array, keys_BSKH: Array,
 
 def head_logits(params: dict, config: FeatureHeadConfig, lm_head_VD: Array,
                 out_BTD: Array) -> Array:
-    """Float32 logits [..., V] of head outputs through the target's LM head."""
-    normed = rms_norm(out_BTD, params["final_norm"], config.rms_norm_eps)
+    """Float32 logits [..., V] of head outputs through the LM head (the target's, or the
+    head's own rows over a draft vocabulary)."""
+    normed = (rms_norm(out_BTD, params["final_norm"], config.rms_norm_eps)
+              if config.final_norm else out_BTD.astype(jnp.float32))
     return jnp.einsum("...D,VD->...V", normed, lm_head_VD.astype(jnp.float32))
 
 

@@ -55,12 +55,24 @@ def init_medusa_params(num_heads: int, d_model: int) -> dict:
 
 
 def medusa_logits(params: dict, lm_head_VD: Array, hidden_BD: Array) -> Array:
-    """Float32 logits [B, M, V] of every head at hidden states [B, D] (any leading axes)."""
+    """Float32 logits [B, M, V] of every head at hidden states [B, D] (any leading axes).
+
+    params["w"] / ["b"]: [M, D, D] / [M, D] (one residual block per head), or
+    [M, L, D, D] / [M, L, D] (L blocks per head, Medusa-1's `medusa_num_layers`);
+    params["lm_heads"] [M, V, D], when present, is each head's own LM head (Medusa-1's
+    published heads) in place of the target's `lm_head`."""
+    w, b = params["w"], params["b"]
+    if w.ndim == 3:
+        w, b = w[:, None], b[:, None]
+    heads = w.shape[0]
     h = hidden_BD.astype(jnp.float32)[..., None, :]
-    projected = jnp.einsum("...XD,MDE->...ME", h, params["w"])
-    bias = params["b"].reshape((1,) * (projected.ndim - 2) + params["b"].shape)
-    heads = h + jax.nn.silu(projected + bias)
-    return jnp.einsum("...MD,VD->...MV", heads, lm_head_VD.astype(jnp.float32))
+    h = jnp.broadcast_to(h, h.shape[:-2] + (heads, h.shape[-1]))
+    for layer in range(w.shape[1]):  # static: the residual blocks in order
+        bias = b[:, layer].reshape((1,) * (h.ndim - 2) + b[:, layer].shape)
+        h = h + jax.nn.silu(jnp.einsum("...MD,MDE->...ME", h, w[:, layer]) + bias)
+    if "lm_heads" in params:
+        return jnp.einsum("...MD,MVD->...MV", h, params["lm_heads"].astype(jnp.float32))
+    return jnp.einsum("...MD,VD->...MV", h, lm_head_VD.astype(jnp.float32))
 
 
 @jax.tree_util.register_dataclass
@@ -95,8 +107,15 @@ class Medusa:
             raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
         w = getattr(self.params.get("w"), "shape", None) if isinstance(self.params, dict) \
             else None
-        if w is not None and (len(w) != 3 or w[1] != w[2]):
-            raise ValueError(f"Medusa params['w'] must be [num_heads, D, D], got {w}")
+        if w is not None and (len(w) not in (3, 4) or w[-1] != w[-2]):
+            raise ValueError(f"Medusa params['w'] must be [num_heads, D, D] or [num_heads, "
+                             f"num_layers, D, D], got {w}")
+        own = getattr(self.params.get("lm_heads"), "shape", None) \
+            if isinstance(self.params, dict) else None
+        if w is not None and own is not None and (len(own) != 3 or own[0] != w[0]
+                                                  or own[2] != w[-1]):
+            raise ValueError(f"Medusa params['lm_heads'] must be [num_heads={w[0]}, vocab, "
+                             f"D={w[-1]}], got {own}")
 
     @classmethod
     def create(cls, num_heads: int, lm_head: Array, method: str = "greedy") -> Medusa:
@@ -115,9 +134,18 @@ class Medusa:
     def with_method(self, method: str) -> Medusa:
         return dataclasses.replace(self, method=method)
 
+    @property
+    def num_layers(self) -> int | None:
+        """Residual blocks per head when params["w"] is [M, L, D, D]; None for [M, D, D]."""
+        return self.params["w"].shape[1] if self.params["w"].ndim == 4 else None
+
     def save(self, directory: str | Path) -> None:
-        save_head(directory, "medusa", {"num_heads": self.num_heads,
-                                        "d_model": int(self.params["w"].shape[1])}, self.params)
+        fields = {"num_heads": self.num_heads, "d_model": int(self.params["w"].shape[-1])}
+        if self.num_layers is not None:
+            fields["num_layers"] = int(self.num_layers)
+        if "lm_heads" in self.params:
+            fields["vocab_size"] = int(self.params["lm_heads"].shape[1])
+        save_head(directory, "medusa", fields, self.params)
 
     @classmethod
     def load(cls, directory: str | Path, lm_head: Array, method: str = "greedy") -> Medusa:
@@ -129,8 +157,12 @@ class Medusa:
         if not all(isinstance(v, int) and v >= 1 for v in (heads, d_model)):
             raise damaged(Path(directory) / "head.json", f"gives num_heads {heads!r} and "
                           f"d_model {d_model!r}, expected positive integers", HEAD_REMEDY)
-        check_arrays(Path(directory) / "head.npz", params,
-                     {"w": (heads, d_model, d_model), "b": (heads, d_model)}, HEAD_REMEDY)
+        layers, vocab = fields.get("num_layers"), fields.get("vocab_size")
+        lead = (heads,) if layers is None else (heads, layers)
+        expected = {"w": lead + (d_model, d_model), "b": lead + (d_model,)}
+        if vocab is not None:
+            expected["lm_heads"] = (heads, vocab, d_model)
+        check_arrays(Path(directory) / "head.npz", params, expected, HEAD_REMEDY)
         if lm_head.shape[1] != d_model:
             raise ValueError(f"the Medusa heads in {directory} were trained on a target of "
                              f"width {d_model}; this target's LM head is "
@@ -140,6 +172,11 @@ class Medusa:
 
     # -- host-side checks --------------------------------------------------------------------
     def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
+        own = self.params.get("lm_heads")
+        if own is not None and own.shape[1] != target.vocab_size:
+            raise ValueError(f"the Medusa heads' own LM heads have {own.shape[1]} rows but "
+                             f"the target's vocab_size is {target.vocab_size}: the heads run "
+                             "on the target they were trained for")
         if self.lm_head.shape[0] != target.vocab_size:
             raise ValueError(f"Medusa's lm_head has {self.lm_head.shape[0]} rows but the "
                              f"target's vocab_size is {target.vocab_size}: the heads run on "

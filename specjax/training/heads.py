@@ -46,6 +46,7 @@ from specjax.drafters.eagle import Eagle
 from specjax.drafters.feature_head import (
     attention_weights,
     finish_block,
+    first_pair_visibility,
     fuse_features,
     head_inputs,
     head_logits,
@@ -130,13 +131,17 @@ def unrolled_head(drafter: Eagle, tokens_BT, features_BTD, steps: int) -> list:
     keys, values, outputs = [], [], []
     feature_BTD = _shift_right(features_BTD, 1)
     for step in range(steps):  # static
-        x_BTD = head_inputs(params, config, drafter.embedding, tokens_BT, feature_BTD)
-        q, k, v = project_qkv(params, config, x_BTD, positions_BT)
+        x_BTD, attention_input = head_inputs(params, config, drafter.embedding, tokens_BT,
+                                             feature_BTD)
+        q, k, v = project_qkv(params, config, attention_input, positions_BT)
         keys.append(k)
         values.append(v)
         # Teacher pairs up to t - step (step 0: causal).
         visible_BTS = jnp.broadcast_to(index_T[None, :] <= index_T[:, None] - step,
                                        (batch, length, length))
+        first = first_pair_visibility(config, jnp.broadcast_to(index_T, (batch, length)),
+                                      index_T)
+        visible_BTS = visible_BTS if first is None else visible_BTS & first
         extra, extra_values = None, []
         if step > 0:
             groups = config.num_heads // config.num_kv_heads

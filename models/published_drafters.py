@@ -1,0 +1,361 @@
+"""Drafters published for real models, loaded from a local directory onto their target.
+
+`load_drafter(directory, target)` reads the directory's config.json and weight files,
+recognises the layout and returns a specjax drafter that computes what the authors' code
+computes:
+
+- EAGLE-3, the authors' layout (SafeAILab/EAGLE, `eagle/model/cnets.py`: `fc` over the
+  three fused target layers, `midlayer.*` a Llama layer whose attention reads
+  [input_layernorm(embedding); hidden_norm(feature)], `norm`, an own `lm_head` over
+  `draft_vocab_size` ids, `d2t` / `t2d`); and the `speculators` layout that vLLM reads
+  (vllm-project/speculators, `models/eagle3`: config.json with
+  `"speculators_model_type": "eagle3"`, `transformer_layer_config`, `layers.0.*`,
+  `norm_before_residual`, `eagle_aux_hidden_state_layer_ids`).
+- EAGLE-1/2 (the authors' `eagle/model/cnets1.py`: `fc` (with bias) over
+  [embedding; feature], `layers.0.*` without an input norm, logits through the target's
+  own LM head with no final norm).
+- Medusa-1 (FasterDecoding/Medusa, `medusa/model/medusa_model.py`: `medusa_head.{i}` =
+  `medusa_num_layers` ResBlocks `x + SiLU(linear(x))` (one module repeated: the same
+  weights under each index) then an own LM head `medusa_head.{i}.{L}.weight`).
+
+PyTorch `nn.Linear` stores `[out, in]`; specjax multiplies `x @ w` with `[in, out]`, so
+every projection is transposed. Weights come from safetensors (single, sharded, or any
+`*.safetensors` file); a pickled `.bin` / `.pt` file is read with torch when it is
+installed (`weights_only=True`), else refused with the one-line conversion. A key this
+loader has no place for, a missing one, or a shape that does not fit is an error naming
+the file and the key. What is not supported (multi-layer EAGLE-3 drafters, Qwen3 layers
+with q/k norms, DeepSeek-V3's MLA/MoE MTP module, ...) is refused by name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+import specjax
+from specjax.drafters import Eagle, FeatureHeadConfig, Medusa, eagle3_feature_layers
+from specjax.files import read_json
+from specjax_models.hf import rope_from_hf
+from specjax_models.safetensors_layout import check_safetensors
+from specjax_models.transformer import embedding_and_head
+
+LAYOUTS = ("eagle3", "eagle3-speculators", "eagle1", "medusa1")
+REMEDY = "download the drafter again"
+_BIN_NAMES = ("pytorch_model.bin", "medusa_lm_head.pt", "model.pt")
+
+
+# ----------------------------------------------------------------------- weight files
+
+def read_weights(directory: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """`({tensor name: array}, {tensor name: file name})` of every weight file in
+    `directory`: its safetensors files (headers checked against their sizes), else one
+    pickled PyTorch file read with torch."""
+    directory = Path(directory)
+    files = sorted(p for p in directory.glob("*.safetensors"))
+    arrays, file_of = {}, {}
+    if files:
+        from safetensors import safe_open
+
+        for path in files:
+            check_safetensors(path)
+            with safe_open(path, framework="numpy") as handle:
+                for name in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    arrays[name], file_of[name] = handle.get_tensor(name), path.name
+        return arrays, file_of
+    pickled = [directory / name for name in _BIN_NAMES if (directory / name).is_file()]
+    pickled += sorted(p for p in directory.glob("pytorch_model-*.bin"))
+    if not pickled:
+        raise FileNotFoundError(f"{directory} holds no drafter weights (expected "
+                                "*.safetensors, pytorch_model.bin or medusa_lm_head.pt)")
+    try:
+        import torch
+    except ImportError:
+        path = pickled[0]
+        raise ValueError(
+            f"{path} is a pickled PyTorch file and torch is not installed; install torch, "
+            f"or convert it once where torch is: python -c \"import torch, safetensors.torch "
+            f"as s; w = torch.load('{path}', weights_only=True); s.save_file({{k: "
+            f"v.contiguous().clone() for k, v in w.items()}}, '{path.with_suffix('')}"
+            f".safetensors')\"") from None
+    for path in pickled:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # torch raises many types for a damaged pickle
+            raise ValueError(f"{path} cannot be read as PyTorch weights ({type(error).__name__}"
+                             f": {error}); {REMEDY}") from None
+        for name, tensor in state.items():
+            tensor = tensor.detach()
+            arrays[name] = (tensor.float() if tensor.dtype == torch.bfloat16 else
+                            tensor).numpy()
+            file_of[name] = path.name
+    return arrays, file_of
+
+
+class _Weights:
+    """The checkpoint's tensors, taken by name; what is left unused at the end is an
+    error (a key this loader has no place for)."""
+
+    def __init__(self, directory: Path, arrays: dict, file_of: dict):
+        self.directory, self.arrays, self.file_of = directory, arrays, file_of
+        self.used: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return name in self.arrays
+
+    def take(self, name: str, shape: tuple | None = None, transpose: bool = False,
+             dtype=np.float32) -> np.ndarray:
+        if name not in self.arrays:
+            raise ValueError(f"{self.directory}: the drafter's weights lack {name!r} (found "
+                             f"{sorted(self.arrays)[:6]} ...); {REMEDY}")
+        array = np.asarray(self.arrays[name])
+        if shape is not None and tuple(array.shape) != tuple(shape):
+            raise ValueError(f"{self.directory / self.file_of[name]}: tensor {name!r} has "
+                             f"shape {tuple(array.shape)}, expected {tuple(shape)} for this "
+                             f"target and config.json; {REMEDY}")
+        self.used.add(name)
+        array = array.T if transpose else array
+        return array.astype(dtype) if dtype is not None else array
+
+    def ignore(self, *names: str) -> None:
+        self.used.update(n for n in names if n in self.arrays)
+
+    def finish(self) -> None:
+        unused = sorted(set(self.arrays) - self.used)
+        if unused:
+            name = unused[0]
+            raise ValueError(f"{self.directory / self.file_of[name]}: tensor {name!r} has no "
+                             f"place in this drafter ({len(unused)} unused: {unused[:4]}); "
+                             "its config.json asks for a variant this loader does not support")
+
+
+# ----------------------------------------------------------------------- detection
+
+def detect_layout(config: dict, names: set[str], directory: Path) -> str:
+    """One of LAYOUTS, from config.json and the tensor names; anything else refused."""
+    kind = config.get("speculators_model_type")
+    if kind is not None:
+        if kind != "eagle3":
+            raise ValueError(f"{directory}: a speculators {kind!r} drafter; only "
+                             "speculators' eagle3 layout is supported")
+        return "eagle3-speculators"
+    if any(n.startswith("midlayer.") for n in names):
+        return "eagle3"
+    if any(n.startswith("medusa_head.") or n.split(".")[0].isdigit() for n in names):
+        return "medusa1"
+    if "fc.weight" in names and any(n.startswith("layers.0.") for n in names):
+        return "eagle1"
+    if config.get("num_nextn_predict_layers") or any(".mtp" in n or n.startswith("mtp")
+                                                     for n in names):
+        raise ValueError(f"{directory}: multi-token prediction modules inside a target "
+                         "checkpoint (DeepSeek-V3's MLA/MoE module, MiMo's mtp_layers) are "
+                         "not loaded by load_drafter")
+    raise ValueError(f"{directory}: not a drafter layout this loader knows (EAGLE-3 in the "
+                     "authors' or the speculators layout, EAGLE-1/2, Medusa-1); its tensors "
+                     f"start {sorted(names)[:4]}")
+
+
+def load_drafter(directory: str | Path, target: specjax.CausalLM, *,
+                 method: str | None = None, feature_layers=None):
+    """The published drafter in `directory` (a local snapshot: config.json and its weights),
+    on `target` (the model it was trained for, e.g. from `from_pretrained`).
+
+    Returns a `specjax.drafters.Eagle` (EAGLE-1/2/3) or `Medusa` (Medusa-1) in float32.
+    method: the drafter's draw ("sample" or "greedy"; default "sample" for EAGLE, "greedy"
+    for Medusa, as the papers do). feature_layers: the target layers an EAGLE-3 head fuses,
+    when neither its config nor the default (2, L // 2, L - 3) is right."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} is not a directory (download the drafter with "
+                                "huggingface_hub.snapshot_download and pass its folder)")
+    config = read_json(directory / "config.json", REMEDY) \
+        if (directory / "config.json").exists() else {}
+    arrays, file_of = read_weights(directory)
+    weights = _Weights(directory, arrays, file_of)
+    layout = detect_layout(config, set(arrays), directory)
+    embedding, lm_head = embedding_and_head(target)
+    if layout == "medusa1":
+        return _medusa(config, weights, lm_head, method or "greedy")
+    return _eagle(layout, config, weights, target, embedding, lm_head, method or "sample",
+                  feature_layers)
+
+
+# ----------------------------------------------------------------------- EAGLE
+
+def _layer_config(layout: str, config: dict, directory: Path) -> dict:
+    """The decoder layer's Hugging Face config (speculators nests it)."""
+    if layout != "eagle3-speculators":
+        return config
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ValueError(f"{directory / 'config.json'}: a speculators eagle3 config without "
+                         f"a transformer_layer_config object; {REMEDY}")
+    for switch in ("norm_before_fc", "fc_norm", "norm_output"):
+        if config.get(switch):
+            raise ValueError(f"{directory / 'config.json'}: {switch}=true (a later EAGLE-3 "
+                             "variant) is not supported by load_drafter")
+    return layer
+
+
+def _eagle(layout, config, weights, target, embedding, lm_head, method, feature_layers):
+    directory = weights.directory
+    layer = _layer_config(layout, config, directory)
+    model_type = layer.get("model_type", "llama")
+    if model_type not in ("llama", "qwen2", "mistral"):
+        raise ValueError(f"{directory}: a {model_type!r} decoder layer (its attention has "
+                         "q/k norms or another block) is not supported; Llama-style layers are")
+    layers = int(layer.get("num_hidden_layers", 1))
+    prefix = "midlayer." if layout == "eagle3" else "layers.0."
+    if layers != 1 or weights.has("layers.1.mlp.down_proj.weight"):
+        raise ValueError(f"{directory}: a {layers}-layer drafter; load_drafter runs one-layer "
+                         "EAGLE heads (the published EAGLE-1/2/3 heads have one)")
+    d_model = embedding.shape[1]
+    hidden = int(layer.get("hidden_size", d_model))
+    target_width = int(config.get("target_hidden_size") or layer.get("target_hidden_size")
+                       or hidden)
+    if hidden != d_model or target_width != d_model:
+        raise ValueError(f"{directory}: the drafter is {hidden} wide over a {target_width}-wide "
+                         f"target, but this target is {d_model} wide: load it onto the model "
+                         "it was trained for")
+    heads = int(layer["num_attention_heads"])
+    kv_heads = int(layer.get("num_key_value_heads") or heads)
+    head_dim = int(layer.get("head_dim") or d_model // heads)
+    theta, scaling = rope_from_hf(layer)
+    eagle3 = layout != "eagle1"
+    if eagle3:
+        ids = feature_layers if feature_layers is not None else (
+            config.get("eagle_aux_hidden_state_layer_ids")
+            or eagle3_feature_layers(target.num_layers))
+        ids = [int(i) for i in ids]
+        if len(set(ids)) != len(ids) or not all(0 <= i < target.num_layers for i in ids):
+            raise ValueError(f"{directory}: feature layers {ids} are not distinct layers of "
+                             f"this {target.num_layers}-layer target")
+    else:
+        ids = []
+    bias = bool(layer.get("attention_bias") or layer.get("qkv_bias")
+                or weights.has(prefix + "self_attn.q_proj.bias"))
+    head_config = FeatureHeadConfig(
+        kind="eagle3" if eagle3 else "eagle1", d_model=d_model, num_heads=heads,
+        num_kv_heads=kv_heads, d_ff=int(layer["intermediate_size"]),
+        feature_layers=tuple(sorted(ids)), head_dim=head_dim, rope_theta=theta,
+        rope_scaling=scaling, rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
+        layer_input="concat" if eagle3 else "fc",
+        norm_before_residual=bool(config.get("norm_before_residual", False)) and eagle3,
+        attn_norm=eagle3, final_norm=eagle3, qkv_bias=bias, first_pair=False)
+    params = _layer_params(weights, prefix, head_config)
+    if eagle3:
+        fc = weights.take("fc.weight", (d_model, len(ids) * d_model), transpose=True)
+        # The columns follow the config's layer order; the target returns sorted layers.
+        order = np.argsort(ids)
+        params["fuse"] = fc.reshape(len(ids), d_model, d_model)[order].reshape(-1, d_model)
+        params["final_norm"] = weights.take("norm.weight", (d_model,))
+        own_head, draft_vocab = _draft_vocabulary(weights, config, layer, target.vocab_size,
+                                                  d_model)
+        lm_head = own_head
+    else:
+        params["fc"] = weights.take("fc.weight", (d_model, 2 * d_model), transpose=True)
+        params["fc_bias"] = (weights.take("fc.bias", (d_model,)) if weights.has("fc.bias")
+                             else np.zeros((d_model,), np.float32))
+        draft_vocab = None
+    if weights.has("embed_tokens.weight"):
+        embedding = weights.take("embed_tokens.weight", (target.vocab_size, d_model))
+    # Frozen copies of the target's that speculators keeps for training only.
+    weights.ignore("verifier_norm.weight", "verifier_lm_head.weight")
+    weights.finish()
+    return Eagle({k: jnp.asarray(v) for k, v in params.items()}, jnp.asarray(embedding),
+                 jnp.asarray(lm_head), head_config, method,
+                 None if draft_vocab is None else jnp.asarray(draft_vocab))
+
+
+def _layer_params(weights: _Weights, prefix: str, config: FeatureHeadConfig) -> dict:
+    """The decoder layer's projections and norms under our names."""
+    d, a, hd = config.d_model, config.attention_width, config.resolved_head_dim
+    q_out, kv_out = config.num_heads * hd, config.num_kv_heads * hd
+    take = weights.take
+    params = {
+        "wq": take(prefix + "self_attn.q_proj.weight", (q_out, a), transpose=True),
+        "wk": take(prefix + "self_attn.k_proj.weight", (kv_out, a), transpose=True),
+        "wv": take(prefix + "self_attn.v_proj.weight", (kv_out, a), transpose=True),
+        "wo": take(prefix + "self_attn.o_proj.weight", (d, q_out), transpose=True),
+        "w_gate": take(prefix + "mlp.gate_proj.weight", (config.d_ff, d), transpose=True),
+        "w_up": take(prefix + "mlp.up_proj.weight", (config.d_ff, d), transpose=True),
+        "w_down": take(prefix + "mlp.down_proj.weight", (d, config.d_ff), transpose=True),
+        "mlp_norm": take(prefix + "post_attention_layernorm.weight", (d,)),
+    }
+    if config.qkv_bias:
+        for name, width in (("q", q_out), ("k", kv_out), ("v", kv_out)):
+            key = f"{prefix}self_attn.{name}_proj.bias"
+            params["b" + name] = take(key, (width,)) if weights.has(key) else \
+                np.zeros((width,), np.float32)
+    if config.layer_input == "concat":
+        params["embed_norm"] = take(prefix + "input_layernorm.weight", (d,))
+        params["feature_norm"] = take(prefix + "hidden_norm.weight", (d,))
+    return params
+
+
+def _draft_vocabulary(weights: _Weights, config: dict, layer: dict, vocab_size: int,
+                      d_model: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """`(own LM head rows, draft vocabulary)`: EAGLE-3's head scores `draft_vocab_size`
+    ids, draft id i being target id i + d2t[i] (t2d marks the same ids); rows are put in
+    increasing target-id order (what `Eagle.draft_vocab` wants)."""
+    size = int(config.get("draft_vocab_size") or layer.get("draft_vocab_size") or vocab_size)
+    rows = weights.take("lm_head.weight", (size, d_model))
+    if not weights.has("d2t"):
+        if size != vocab_size:
+            raise ValueError(f"{weights.directory}: a {size}-id draft vocabulary without the "
+                             f"d2t map that places it in the target's {vocab_size} ids; "
+                             f"{REMEDY}")
+        weights.ignore("t2d")
+        return rows, None
+    offsets = weights.take("d2t", (size,), dtype=np.int64)
+    ids = np.arange(size, dtype=np.int64) + offsets
+    where = weights.directory / weights.file_of["d2t"]
+    if ids.min() < 0 or ids.max() >= vocab_size or np.unique(ids).size != size:
+        problem = "repeated" if np.unique(ids).size != size else "out-of-range"
+        raise ValueError(f"{where}: d2t maps draft ids to {problem} target ids (the target "
+                         f"has {vocab_size}); {REMEDY}")
+    if weights.has("t2d"):
+        marks = weights.take("t2d", (vocab_size,), dtype=bool)
+        if int(marks.sum()) != size or not marks[ids].all():
+            raise ValueError(f"{weights.directory / weights.file_of['t2d']}: t2d and d2t "
+                             f"disagree (t2d marks {int(marks.sum())} target ids, "
+                             f"{int(marks[ids].sum())} of the {size} that d2t maps to); "
+                             f"{REMEDY}")
+    order = np.argsort(ids)
+    return rows[order], ids[order].astype(np.int32)
+
+
+# ----------------------------------------------------------------------- Medusa
+
+def _medusa(config: dict, weights: _Weights, lm_head, method: str) -> Medusa:
+    """Medusa-1: head i = L ResBlocks then an own LM head (keys with or without the
+    `medusa_head.` prefix: the full model's state dict, or `medusa_head.state_dict()` as
+    `medusa_lm_head.pt` holds)."""
+    prefix = "medusa_head." if any(n.startswith("medusa_head.") for n in weights.arrays) \
+        else ""
+    found = {int(n[len(prefix):].split(".")[0]) for n in weights.arrays
+             if n.startswith(prefix) and n[len(prefix):].split(".")[0].isdigit()}
+    heads = int(config.get("medusa_num_heads") or len(found))
+    layers = int(config.get("medusa_num_layers") or 1)
+    if found != set(range(heads)):
+        # The authors' own config for Vicuna-7B names 5 heads for weights of 5 or fewer.
+        heads = max(found) + 1 if found == set(range(max(found) + 1)) else heads
+        if found != set(range(heads)):
+            raise ValueError(f"{weights.directory}: Medusa heads {sorted(found)} are not "
+                             f"0 ... {heads - 1}; {REMEDY}")
+    vocab, d_model = lm_head.shape
+    w, b, own = [], [], []
+    for i in range(heads):
+        blocks = [(weights.take(f"{prefix}{i}.{j}.linear.weight", (d_model, d_model),
+                                transpose=True),
+                   weights.take(f"{prefix}{i}.{j}.linear.bias", (d_model,)))
+                  for j in range(layers)]
+        w.append(np.stack([block[0] for block in blocks]))
+        b.append(np.stack([block[1] for block in blocks]))
+        own.append(weights.take(f"{prefix}{i}.{layers}.weight", (vocab, d_model)))
+    weights.finish()
+    params = {"w": jnp.asarray(np.stack(w)), "b": jnp.asarray(np.stack(b)),
+              "lm_heads": jnp.asarray(np.stack(own))}
+    return Medusa(params, jnp.asarray(lm_head), method)
+

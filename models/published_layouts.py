@@ -1,0 +1,137 @@
+"""Random-weight drafter checkpoints written in the published layouts `load_drafter` reads.
+
+For tests and benchmarks (no hub here): each writer follows the key names, shapes
+([out, in], as PyTorch's nn.Linear stores them) and config fields of the authors' code,
+cited per layout, so that a loader that reads these reads the downloads too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from specjax.drafters import eagle3_feature_layers
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyntheticShape:
+    """The target's shape (width, vocabulary, depth) and the drafter's own block."""
+
+    d_model: int
+    vocab_size: int
+    num_layers: int
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    d_ff: int | None = None
+    draft_vocab_size: int | None = None  # EAGLE-3: None = the target's vocabulary
+    medusa_heads: int = 3
+    medusa_layers: int = 1
+    rope_theta: float = 10_000.0
+
+
+def write_synthetic_drafter(directory: str | Path, layout: str, shape: SyntheticShape, *,
+                            seed: int = 0, scale: float = 0.02, dtype=np.float32,
+                            norm_before_residual: bool = False) -> Path:
+    """Write config.json and model.safetensors of `layout` ("eagle3", "eagle3-speculators",
+    "eagle1" or "medusa1") with weights drawn N(0, scale) (norms near 1) into `directory`;
+    returns it."""
+    from safetensors.numpy import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    d, v = shape.d_model, shape.vocab_size
+    hd = d // shape.num_heads
+    d_ff = shape.d_ff or 2 * d
+
+    def dense(out, inp):
+        return (scale * rng.standard_normal((out, inp))).astype(dtype)
+
+    def norm():
+        return (1.0 + 0.1 * rng.standard_normal(d)).astype(dtype)
+
+    def layer(prefix: str, width_in: int, input_norm: bool) -> dict:
+        # Llama decoder layer names (transformers' LlamaDecoderLayer, as the EAGLE code and
+        # speculators reuse them).
+        tensors = {
+            f"{prefix}self_attn.q_proj.weight": dense(shape.num_heads * hd, width_in),
+            f"{prefix}self_attn.k_proj.weight": dense(shape.num_kv_heads * hd, width_in),
+            f"{prefix}self_attn.v_proj.weight": dense(shape.num_kv_heads * hd, width_in),
+            f"{prefix}self_attn.o_proj.weight": dense(d, shape.num_heads * hd),
+            f"{prefix}mlp.gate_proj.weight": dense(d_ff, d),
+            f"{prefix}mlp.up_proj.weight": dense(d_ff, d),
+            f"{prefix}mlp.down_proj.weight": dense(d, d_ff),
+            f"{prefix}post_attention_layernorm.weight": norm(),
+        }
+        if input_norm:
+            tensors[f"{prefix}input_layernorm.weight"] = norm()
+        return tensors
+
+    llama = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": d,
+             "num_attention_heads": shape.num_heads, "num_key_value_heads": shape.num_kv_heads,
+             "intermediate_size": d_ff, "num_hidden_layers": 1, "rms_norm_eps": 1e-5,
+             "rope_theta": shape.rope_theta, "vocab_size": v, "hidden_act": "silu",
+             "torch_dtype": np.dtype(dtype).name}
+    if layout in ("eagle3", "eagle3-speculators"):
+        # SafeAILab/EAGLE eagle/model/cnets.py: Model.fc (3D -> D, no bias), midlayer
+        # (LlamaDecoderLayeremb: hidden_norm, input_layernorm over the embedding, q/k/v
+        # over 2D), norm, lm_head over draft_vocab_size, buffers d2t and t2d.
+        # vllm-project/speculators models/eagle3/core.py keeps the names with the layer
+        # at layers.0 (convert/eagle/eagle3_converter.py: "midlayer." -> "layers.0.").
+        prefix = "midlayer." if layout == "eagle3" else "layers.0."
+        size = shape.draft_vocab_size or v
+        tensors = layer(prefix, 2 * d, input_norm=True)
+        tensors[prefix + "hidden_norm.weight"] = norm()
+        fused = len(eagle3_feature_layers(shape.num_layers))
+        tensors["fc.weight"] = dense(d, fused * d)
+        tensors["norm.weight"] = norm()
+        tensors["lm_head.weight"] = dense(size, d)
+        ids = np.sort(rng.choice(v, size, replace=False))
+        tensors["d2t"] = (ids - np.arange(size)).astype(np.int64)
+        t2d = np.zeros(v, bool)
+        t2d[ids] = True
+        tensors["t2d"] = t2d
+        if layout == "eagle3":
+            config = {**llama, "architectures": ["LlamaForCausalLMEagle3"],
+                      "draft_vocab_size": size}
+        else:
+            tensors["verifier_norm.weight"] = norm()  # speculators' frozen training copy
+            config = {"speculators_model_type": "eagle3",
+                      "architectures": ["Eagle3Speculator"],
+                      "transformer_layer_config": llama, "draft_vocab_size": size,
+                      "norm_before_residual": norm_before_residual,
+                      "eagle_aux_hidden_state_layer_ids":
+                          list(eagle3_feature_layers(shape.num_layers)),
+                      "speculators_config": {"algorithm": "eagle3",
+                                             "default_proposal_method": "greedy"}}
+    elif layout == "eagle1":
+        # SafeAILab/EAGLE eagle/model/cnets1.py: fc (2D -> D, bias=True) over
+        # cat(embedding, feature), layers.0 without input_layernorm (index 0).
+        tensors = layer("layers.0.", d, input_norm=False)
+        tensors["fc.weight"] = dense(d, 2 * d)
+        tensors["fc.bias"] = (scale * rng.standard_normal(d)).astype(dtype)
+        config = llama
+    elif layout == "medusa1":
+        # FasterDecoding/Medusa medusa/model/medusa_model.py: medusa_head[i] =
+        # Sequential(*[ResBlock] * medusa_num_layers, Linear(D, V, bias=False)); one
+        # ResBlock object repeated, so each index holds the same weights.
+        tensors = {}
+        for i in range(shape.medusa_heads):
+            weight, bias = dense(d, d), (scale * rng.standard_normal(d)).astype(dtype)
+            for j in range(shape.medusa_layers):
+                tensors[f"medusa_head.{i}.{j}.linear.weight"] = weight
+                tensors[f"medusa_head.{i}.{j}.linear.bias"] = bias
+            tensors[f"medusa_head.{i}.{shape.medusa_layers}.weight"] = dense(v, d)
+        config = {"medusa_num_heads": shape.medusa_heads,
+                  "medusa_num_layers": shape.medusa_layers,
+                  "base_model_name_or_path": "synthetic"}
+    else:
+        raise ValueError(f"layout must be eagle3, eagle3-speculators, eagle1 or medusa1, got "
+                         f"{layout!r}")
+    save_file({name: np.ascontiguousarray(value) for name, value in tensors.items()},
+              str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    return directory

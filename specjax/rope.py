@@ -1,0 +1,57 @@
+"""Rotary position embeddings (RoPE), shared by the model package's Transformer and the
+feature heads: the inverse frequencies (with Llama 3.1's band-wise rescaling or linear
+scaling) and the rotation in the rotate-half layout Hugging Face checkpoints use (the
+first half of each head's dimensions paired with the second half)."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from jax import Array
+
+ROPE_SCALING_TYPES = ("llama3", "linear")
+_SCALING_LENGTHS = {"linear": 2, "llama3": 5}
+
+
+def check_rope_scaling(rope_scaling) -> None:
+    """None, `("linear", factor)` or `("llama3", factor, low_freq_factor, high_freq_factor,
+    original_max_position_embeddings)`; anything else is a ValueError."""
+    if rope_scaling is None:
+        return
+    expected = _SCALING_LENGTHS.get(rope_scaling[0] if len(rope_scaling) else None)
+    if expected is None or len(rope_scaling) != expected:
+        raise ValueError(f"rope_scaling must be ('linear', factor) or ('llama3', factor, "
+                         "low_freq_factor, high_freq_factor, "
+                         f"original_max_position_embeddings), got {rope_scaling!r}")
+
+
+def inverse_frequencies(head_dim: int, theta: float, rope_scaling=None) -> Array:
+    """`[head_dim // 2]` float32 inverse frequencies theta^(-2i/head_dim), rescaled as
+    `rope_scaling` asks (see `check_rope_scaling`)."""
+    exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    if rope_scaling is None:
+        return inv_freq
+    if rope_scaling[0] == "linear":
+        return inv_freq / rope_scaling[1]
+    _, factor, low_freq_factor, high_freq_factor, original = rope_scaling
+    low_wavelen, high_wavelen = original / low_freq_factor, original / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def apply_rotary(x_BTNH: Array, positions_BT: Array, inv_freq_F: Array) -> Array:
+    """Rotate queries or keys `[B, T, N, H]` by their positions (rotate-half layout,
+    float32 maths, the input's dtype back)."""
+    angles_BTF = positions_BT.astype(jnp.float32)[..., None] * inv_freq_F[None, None, :]
+    angles_BTH = jnp.concatenate([angles_BTF, angles_BTF], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles_BTH), jnp.sin(angles_BTH)
+    x = x_BTNH.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * cos + rotated * sin).astype(x_BTNH.dtype)

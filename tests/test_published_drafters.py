@@ -1,0 +1,281 @@
+"""specjax_models.load_drafter against the authors' computations.
+
+The references below are PyTorch transcriptions of the published forwards (cited per
+function), run on the same random checkpoint the loader reads: same tensors, same
+features and tokens, logits within 1e-4. The loaded drafters' exactness (greedy equality
+with generate, the 3-token chi-square) is in tests/test_exactness.py ("published ...").
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax_models
+from specjax import GREEDY
+from specjax.drafters import Eagle, Medusa
+from specjax.drafters.base import DraftContext
+from specjax.drafters.medusa import medusa_logits
+from specjax_models.published_layouts import SyntheticShape, write_synthetic_drafter
+from tests.conftest import build_lm
+
+torch = pytest.importorskip("torch")
+
+D, V, LAYERS = 64, 32, 8
+
+
+@pytest.fixture(scope="module")
+def deep_lm():
+    """8 layers, so an EAGLE-3 head fuses three distinct ones (2, 4, 5)."""
+    return build_lm(2, num_layers=LAYERS)
+
+
+def shape(**overrides) -> SyntheticShape:
+    return SyntheticShape(**{"d_model": D, "vocab_size": V, "num_layers": LAYERS,
+                             "num_heads": 4, "num_kv_heads": 2, "draft_vocab_size": 20,
+                             **overrides})
+
+
+def tensors(directory) -> dict:
+    from safetensors.torch import load_file
+
+    return {k: v.double() if v.is_floating_point() else v
+            for k, v in load_file(str(directory / "model.safetensors")).items()}
+
+
+# ---------------------------------------------------------------- PyTorch references
+
+def rms_norm(x, weight, eps=1e-5):
+    # transformers' LlamaRMSNorm (the EAGLE code copies it).
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attention(w, prefix, x, heads, kv_heads, theta=10_000.0):
+    """LlamaAttention over T positions (causal, positions 0 ... T - 1, as the EAGLE
+    drafters number the pairs), repeat_kv for grouped heads."""
+    length = x.shape[0]
+    q = (x @ w[prefix + "self_attn.q_proj.weight"].T).view(length, heads, -1).transpose(0, 1)
+    k = (x @ w[prefix + "self_attn.k_proj.weight"].T).view(length, kv_heads, -1).transpose(0, 1)
+    v = (x @ w[prefix + "self_attn.v_proj.weight"].T).view(length, kv_heads, -1).transpose(0, 1)
+    hd = q.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    freqs = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    k = k.repeat_interleave(heads // kv_heads, dim=0)
+    v = v.repeat_interleave(heads // kv_heads, dim=0)
+    scores = q @ k.transpose(1, 2) / hd ** 0.5
+    scores = scores.masked_fill(torch.triu(torch.ones(length, length, dtype=torch.bool), 1),
+                                float("-inf"))
+    out = (scores.softmax(-1) @ v).transpose(0, 1).reshape(length, -1)
+    return out @ w[prefix + "self_attn.o_proj.weight"].T
+
+
+def mlp(w, prefix, x):
+    gate = x @ w[prefix + "mlp.gate_proj.weight"].T
+    return (torch.nn.functional.silu(gate) * (x @ w[prefix + "mlp.up_proj.weight"].T)) \
+        @ w[prefix + "mlp.down_proj.weight"].T
+
+
+def eagle3_reference(w, prefix, embedding, hidden_TD, ids_T, norm_before_residual=False):
+    """SafeAILab/EAGLE eagle/model/cnets.py LlamaDecoderLayeremb.forward and Model.forward
+    (speculators' Eagle3FirstLayerMixin.forward is the same with norm_before_residual):
+    the head's outputs [T, D] for pairs (hidden t, token t + 1)."""
+    emb = embedding[ids_T]
+    residual = hidden_TD
+    hidden = rms_norm(hidden_TD, w[prefix + "hidden_norm.weight"])
+    if norm_before_residual:
+        residual = hidden
+    x = torch.cat((rms_norm(emb, w[prefix + "input_layernorm.weight"]), hidden), dim=-1)
+    h = residual + attention(w, prefix, x, 4, 2)
+    return h + mlp(w, prefix, rms_norm(h, w[prefix + "post_attention_layernorm.weight"]))
+
+
+def eagle3_logits(w, out_TD):
+    """Model.topK_genrate: lm_head(norm(out)) over the draft vocabulary, ids + d2t."""
+    return rms_norm(out_TD, w["norm.weight"]) @ w["lm_head.weight"].T
+
+
+def eagle1_reference(w, embedding, lm_head, hidden_TD, ids_T):
+    """eagle/model/cnets1.py: fc(cat(embedding, feature)) then layers.0 with no
+    input_layernorm (index 0); logits = the target's lm_head(out), no final norm."""
+    x = torch.cat((embedding[ids_T], hidden_TD), dim=-1) @ w["fc.weight"].T + w["fc.bias"]
+    h = x + attention(w, "layers.0.", x, 4, 2)
+    h = h + mlp(w, "layers.0.", rms_norm(h, w["layers.0.post_attention_layernorm.weight"]))
+    return h, h @ lm_head.T
+
+
+def medusa_reference(w, hidden_D, heads, layers):
+    """medusa/model/medusa_model.py: medusa_head[i](hidden) for each head."""
+    out = []
+    for i in range(heads):
+        x = hidden_D
+        for j in range(layers):
+            x = x + torch.nn.functional.silu(
+                x @ w[f"medusa_head.{i}.{j}.linear.weight"].T
+                + w[f"medusa_head.{i}.{j}.linear.bias"])
+        out.append(x @ w[f"medusa_head.{i}.{layers}.weight"].T)
+    return torch.stack(out)
+
+
+# ---------------------------------------------------------------- conformance
+
+def our_chain(drafter: Eagle, tokens, features, steps):
+    """The drafter's root logits after init, and its greedy chain of `steps` drafts."""
+    length = tokens.shape[1]
+    state = drafter.init(tokens, jnp.asarray([length]), 32, features=features)
+    sequence = jnp.zeros((1, 32), jnp.int32).at[:, :length].set(tokens)
+    _, proposal = drafter.propose(state, DraftContext(sequence, jnp.asarray([length])),
+                                  jax.random.key(0), num_draft_tokens=steps,
+                                  sampling=GREEDY, vocab_size=V)
+    return np.asarray(drafter._logits(state.root_hidden))[0], np.asarray(proposal.tokens)[0]
+
+
+@pytest.mark.parametrize("layout,before", [("eagle3", False), ("eagle3-speculators", False),
+                                           ("eagle3-speculators", True)])
+def test_eagle3_logits_and_chain_equal_the_authors(deep_lm, tmp_path, layout, before):
+    directory = write_synthetic_drafter(tmp_path, layout, shape(), seed=3, scale=0.3,
+                                        norm_before_residual=before)
+    drafter = specjax_models.load_drafter(directory, deep_lm, method="greedy")
+    assert drafter.config.layer_input == "concat" and drafter.feature_layers == (2, 4, 5)
+    w = tensors(directory)
+    prefix = "midlayer." if layout == "eagle3" else "layers.0."
+    embedding = torch.from_numpy(np.asarray(specjax_models.embedding_and_head(deep_lm)[0],
+                                            np.float64))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, V, (1, 7)).astype(np.int32)
+    # Target features: three fused layers and the final state, [1, T, 4, D].
+    features = rng.standard_normal((1, 7, 4, D)).astype(np.float32)
+    fused = torch.from_numpy(features[0, :, :3].reshape(7, 3 * D).astype(np.float64)) \
+        @ w["fc.weight"].T
+    ids = torch.from_numpy(tokens[0].astype(np.int64))
+    d2t = w["d2t"]
+    # The authors pair hidden t with token t + 1 and draft from the last pair.
+    hidden, pair_ids = list(fused[:-1]), list(ids[1:])
+    reference_tokens, root = [], None
+    for step in range(4):
+        out = eagle3_reference(w, prefix, embedding, torch.stack(hidden),
+                               torch.stack(pair_ids), before)
+        logits = eagle3_logits(w, out[-1])
+        if step == 0:
+            root = logits
+        draft = int(logits.argmax())
+        token = draft + int(d2t[draft])
+        reference_tokens.append(token)
+        hidden.append(out[-1])
+        pair_ids.append(torch.tensor(token))
+    ours_root, ours_tokens = our_chain(drafter, jnp.asarray(tokens), jnp.asarray(features), 4)
+    mapped = np.full(V, -np.inf)
+    mapped[np.arange(20) + d2t.numpy()] = root.numpy()
+    np.testing.assert_allclose(ours_root, mapped, rtol=1e-4, atol=1e-4)
+    assert ours_tokens.tolist() == reference_tokens
+
+
+def test_eagle1_logits_and_chain_equal_the_authors(tiny_lm, tmp_path):
+    directory = write_synthetic_drafter(tmp_path, "eagle1", shape(num_layers=2), seed=5,
+                                        scale=0.3)
+    drafter = specjax_models.load_drafter(directory, tiny_lm, method="greedy")
+    w = tensors(directory)
+    embedding, lm_head = (torch.from_numpy(np.asarray(a, np.float64))
+                          for a in specjax_models.embedding_and_head(tiny_lm))
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, V, (1, 6)).astype(np.int32)
+    features = rng.standard_normal((1, 6, D)).astype(np.float32)
+    hidden = list(torch.from_numpy(features[0, :-1].astype(np.float64)))
+    pair_ids = list(torch.from_numpy(tokens[0, 1:].astype(np.int64)))
+    reference_tokens, root = [], None
+    for step in range(4):
+        out, logits = eagle1_reference(w, embedding, lm_head, torch.stack(hidden),
+                                       torch.stack(pair_ids))
+        root = logits[-1] if step == 0 else root
+        reference_tokens.append(int(logits[-1].argmax()))
+        hidden.append(out[-1])
+        pair_ids.append(torch.tensor(reference_tokens[-1]))
+    ours_root, ours_tokens = our_chain(drafter, jnp.asarray(tokens), jnp.asarray(features), 4)
+    np.testing.assert_allclose(ours_root, root.numpy(), rtol=1e-4, atol=1e-4)
+    assert ours_tokens.tolist() == reference_tokens
+
+
+@pytest.mark.parametrize("layers,pickled", [(1, False), (2, True)])
+def test_medusa1_logits_equal_the_authors(tiny_lm, tmp_path, layers, pickled):
+    directory = write_synthetic_drafter(tmp_path, "medusa1", shape(medusa_layers=layers),
+                                        seed=7, scale=0.3)
+    w = tensors(directory)
+    if pickled:  # medusa_lm_head.pt: medusa_head.state_dict(), keys without the prefix
+        torch.save({k[len("medusa_head."):]: v.float() for k, v in w.items()},
+                   directory / "medusa_lm_head.pt")
+        (directory / "model.safetensors").unlink()
+    drafter = specjax_models.load_drafter(directory, tiny_lm)
+    assert isinstance(drafter, Medusa) and drafter.num_heads == 3
+    hidden = np.random.default_rng(2).standard_normal((5, D)).astype(np.float32)
+    ours = np.asarray(medusa_logits(drafter.params, drafter.lm_head, jnp.asarray(hidden)))
+    reference = np.stack([medusa_reference(w, torch.from_numpy(h.astype(np.float64)), 3,
+                                           layers).numpy() for h in hidden])
+    np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- refusals
+
+def test_bad_checkpoints_are_refused_by_file_and_key(deep_lm, tiny_lm, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    good = write_synthetic_drafter(tmp_path / "good", "eagle3-speculators", shape())
+    weights = load_file(str(good / "model.safetensors"))
+    config = json.loads((good / "config.json").read_text())
+
+    def variant(name, tensors=None, **config_changes):
+        directory = tmp_path / name
+        directory.mkdir()
+        save_file(tensors if tensors is not None else weights,
+                  str(directory / "model.safetensors"))
+        (directory / "config.json").write_text(json.dumps({**config, **config_changes}))
+        return directory
+
+    extra = variant("extra", {**weights, "layers.0.self_attn.q_norm.weight": np.ones(16,
+                                                                                     np.float32)})
+    with pytest.raises(ValueError, match="q_norm.weight.*no place"):
+        specjax_models.load_drafter(extra, deep_lm)
+    missing = variant("missing", {k: v for k, v in weights.items() if k != "norm.weight"})
+    with pytest.raises(ValueError, match="lack 'norm.weight'"):
+        specjax_models.load_drafter(missing, deep_lm)
+    with pytest.raises(ValueError, match="64 wide.*this target is 64 wide|onto the model"):
+        specjax_models.load_drafter(good, build_lm(0, d_model=32, num_heads=2,
+                                                   num_kv_heads=1, num_layers=LAYERS))
+    repeated = dict(weights, d2t=-np.arange(20, dtype=np.int64))  # every draft id -> 0
+    with pytest.raises(ValueError, match="d2t.*maps draft ids to repeated target ids"):
+        specjax_models.load_drafter(variant("d2t", repeated), deep_lm)
+    other = dict(weights, d2t=np.zeros(20, np.int64))  # ids 0 ... 19, which t2d does not mark
+    with pytest.raises(ValueError, match="t2d.*disagree"):
+        specjax_models.load_drafter(variant("t2d", other), deep_lm)
+    with pytest.raises(ValueError, match="norm_output=true"):
+        specjax_models.load_drafter(variant("output", norm_output=True), deep_lm)
+    with pytest.raises(ValueError, match="speculators 'dflash' drafter"):
+        specjax_models.load_drafter(variant("dflash", speculators_model_type="dflash"),
+                                    deep_lm)
+    qwen3 = dict(config["transformer_layer_config"], model_type="qwen3")
+    with pytest.raises(ValueError, match="'qwen3' decoder layer"):
+        specjax_models.load_drafter(variant("qwen3", transformer_layer_config=qwen3), deep_lm)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no drafter weights"):
+        specjax_models.load_drafter(tmp_path / "empty", deep_lm)
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    save_file({"model.layers.0.mlp.up_proj.weight": np.ones((2, 2), np.float32)},
+              str(unknown / "model.safetensors"))
+    with pytest.raises(ValueError, match="not a drafter layout"):
+        specjax_models.load_drafter(unknown, deep_lm)
+    cut = variant("cut")
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[:len(data) // 2])
+    with pytest.raises(ValueError, match="truncated|download it again"):
+        specjax_models.load_drafter(cut, deep_lm)
