@@ -43,7 +43,11 @@ from specjax_models.transformer import (
     per_layer_params,
 )
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2",
+                         "mimo")
+# A MiMo checkpoint's multi-token-prediction modules: its drafter, read by
+# specjax_models.load_drafter, not part of the target.
+MTP_PREFIX = "model.mtp_layers."
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 # Buffers, not weights: GPT-2's causal-mask buffers (`h.N.attn.bias`), old rotary caches.
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
@@ -139,7 +143,7 @@ def config_from_hf(hf: dict, dtype=None) -> TransformerConfig:
         fields.update(qkv_bias=attention_bias, attn_out_bias=attention_bias)
     if model_type == "mistral" and hf.get("sliding_window"):
         fields.update(sliding_window=int(hf["sliding_window"]), sliding_layers="all")
-    if model_type == "qwen2":
+    if model_type in ("qwen2", "mimo"):  # MiMo: Qwen2 blocks (plus MTP modules)
         fields.update(qkv_bias=True)
     if model_type == "qwen3":
         fields.update(qk_norm=True, qkv_bias=attention_bias, attn_out_bias=attention_bias)
@@ -362,6 +366,7 @@ def _convert_pretrained(path: Path, hf_config: dict, file_of: dict, dtype, scan_
                 used.add(hf_name)
                 del array
     unused = sorted(n for n in available - used if not n.endswith(_IGNORED_SUFFIXES)
+                    and not n.startswith(MTP_PREFIX)
                     and not (config.tie_embeddings and n == "lm_head.weight"))
     if unused:
         raise ValueError(f"the checkpoint {path} has weights this architecture does not use: "

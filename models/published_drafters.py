@@ -37,35 +37,31 @@ import numpy as np
 import specjax
 from specjax.drafters import Eagle, FeatureHeadConfig, Medusa, eagle3_feature_layers
 from specjax.files import read_json
-from specjax_models.hf import rope_from_hf
+from specjax_models.hf import MTP_PREFIX, rope_from_hf
 from specjax_models.safetensors_layout import check_safetensors
 from specjax_models.transformer import embedding_and_head
 
-LAYOUTS = ("eagle3", "eagle3-speculators", "eagle1", "medusa1")
+LAYOUTS = ("eagle3", "eagle3-speculators", "eagle1", "medusa1", "mimo-mtp")
 REMEDY = "download the drafter again"
 _BIN_NAMES = ("pytorch_model.bin", "medusa_lm_head.pt", "model.pt")
 
 
 # ----------------------------------------------------------------------- weight files
 
-def read_weights(directory: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """`({tensor name: array}, {tensor name: file name})` of every weight file in
-    `directory`: its safetensors files (headers checked against their sizes), else one
-    pickled PyTorch file read with torch."""
+def read_weights(directory: str | Path) -> _Weights:
+    """The tensors of `directory`'s weight files, by name: its safetensors files (headers
+    checked against their sizes; a tensor is read when taken, so a target checkpoint's MTP
+    module is read without its blocks), else pickled PyTorch files read with torch."""
     directory = Path(directory)
-    files = sorted(p for p in directory.glob("*.safetensors"))
-    arrays, file_of = {}, {}
+    files = sorted(directory.glob("*.safetensors"))
     if files:
-        from safetensors import safe_open
-
+        file_of = {}
         for path in files:
-            check_safetensors(path)
-            with safe_open(path, framework="numpy") as handle:
-                for name in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    arrays[name], file_of[name] = handle.get_tensor(name), path.name
-        return arrays, file_of
+            for name in check_safetensors(path):
+                file_of[name] = path.name
+        return _Weights(directory, None, file_of)
     pickled = [directory / name for name in _BIN_NAMES if (directory / name).is_file()]
-    pickled += sorted(p for p in directory.glob("pytorch_model-*.bin"))
+    pickled += sorted(directory.glob("pytorch_model-*.bin"))
     if not pickled:
         raise FileNotFoundError(f"{directory} holds no drafter weights (expected "
                                 "*.safetensors, pytorch_model.bin or medusa_lm_head.pt)")
@@ -79,6 +75,7 @@ def read_weights(directory: str | Path) -> tuple[dict[str, np.ndarray], dict[str
             f"as s; w = torch.load('{path}', weights_only=True); s.save_file({{k: "
             f"v.contiguous().clone() for k, v in w.items()}}, '{path.with_suffix('')}"
             f".safetensors')\"") from None
+    arrays, file_of = {}, {}
     for path in pickled:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -90,26 +87,36 @@ def read_weights(directory: str | Path) -> tuple[dict[str, np.ndarray], dict[str
             arrays[name] = (tensor.float() if tensor.dtype == torch.bfloat16 else
                             tensor).numpy()
             file_of[name] = path.name
-    return arrays, file_of
+    return _Weights(directory, arrays, file_of)
 
 
 class _Weights:
-    """The checkpoint's tensors, taken by name; what is left unused at the end is an
-    error (a key this loader has no place for)."""
+    """The checkpoint's tensors, taken by name (read from their safetensors file on
+    demand, or from `arrays` already loaded); what is left unused in the drafter's part of
+    the checkpoint is an error (a key this loader has no place for)."""
 
-    def __init__(self, directory: Path, arrays: dict, file_of: dict):
+    def __init__(self, directory: Path, arrays: dict | None, file_of: dict[str, str]):
         self.directory, self.arrays, self.file_of = directory, arrays, file_of
+        self.names = set(file_of)
         self.used: set[str] = set()
 
     def has(self, name: str) -> bool:
-        return name in self.arrays
+        return name in self.names
+
+    def _read(self, name: str) -> np.ndarray:
+        if self.arrays is not None:
+            return np.asarray(self.arrays[name])
+        from safetensors import safe_open
+
+        with safe_open(self.directory / self.file_of[name], framework="numpy") as handle:
+            return handle.get_tensor(name)
 
     def take(self, name: str, shape: tuple | None = None, transpose: bool = False,
              dtype=np.float32) -> np.ndarray:
-        if name not in self.arrays:
+        if name not in self.names:
             raise ValueError(f"{self.directory}: the drafter's weights lack {name!r} (found "
-                             f"{sorted(self.arrays)[:6]} ...); {REMEDY}")
-        array = np.asarray(self.arrays[name])
+                             f"{sorted(self.names)[:6]} ...); {REMEDY}")
+        array = self._read(name)
         if shape is not None and tuple(array.shape) != tuple(shape):
             raise ValueError(f"{self.directory / self.file_of[name]}: tensor {name!r} has "
                              f"shape {tuple(array.shape)}, expected {tuple(shape)} for this "
@@ -119,10 +126,11 @@ class _Weights:
         return array.astype(dtype) if dtype is not None else array
 
     def ignore(self, *names: str) -> None:
-        self.used.update(n for n in names if n in self.arrays)
+        self.used.update(n for n in names if n in self.names)
 
-    def finish(self) -> None:
-        unused = sorted(set(self.arrays) - self.used)
+    def finish(self, prefix: str = "") -> None:
+        """Refuse any tensor under `prefix` that was not taken or ignored."""
+        unused = sorted(n for n in self.names - self.used if n.startswith(prefix))
         if unused:
             name = unused[0]
             raise ValueError(f"{self.directory / self.file_of[name]}: tensor {name!r} has no "
@@ -142,15 +150,19 @@ def detect_layout(config: dict, names: set[str], directory: Path) -> str:
         return "eagle3-speculators"
     if any(n.startswith("midlayer.") for n in names):
         return "eagle3"
+    if any(n.startswith(MTP_PREFIX) for n in names):
+        if config.get("model_type") != "mimo":
+            raise ValueError(f"{directory}: mtp_layers in a {config.get('model_type')!r} "
+                             "checkpoint; load_drafter reads MiMo's (Qwen2 blocks)")
+        return "mimo-mtp"
     if any(n.startswith("medusa_head.") or n.split(".")[0].isdigit() for n in names):
         return "medusa1"
     if "fc.weight" in names and any(n.startswith("layers.0.") for n in names):
         return "eagle1"
-    if config.get("num_nextn_predict_layers") or any(".mtp" in n or n.startswith("mtp")
-                                                     for n in names):
-        raise ValueError(f"{directory}: multi-token prediction modules inside a target "
-                         "checkpoint (DeepSeek-V3's MLA/MoE module, MiMo's mtp_layers) are "
-                         "not loaded by load_drafter")
+    if config.get("num_nextn_predict_layers"):
+        raise ValueError(f"{directory}: a {config.get('model_type')!r} target's multi-token "
+                         "prediction module (DeepSeek-V3's is an MLA/MoE block) is not "
+                         "supported; load_drafter reads MiMo's")
     raise ValueError(f"{directory}: not a drafter layout this loader knows (EAGLE-3 in the "
                      "authors' or the speculators layout, EAGLE-1/2, Medusa-1); its tensors "
                      f"start {sorted(names)[:4]}")
@@ -171,12 +183,13 @@ def load_drafter(directory: str | Path, target: specjax.CausalLM, *,
                                 "huggingface_hub.snapshot_download and pass its folder)")
     config = read_json(directory / "config.json", REMEDY) \
         if (directory / "config.json").exists() else {}
-    arrays, file_of = read_weights(directory)
-    weights = _Weights(directory, arrays, file_of)
-    layout = detect_layout(config, set(arrays), directory)
+    weights = read_weights(directory)
+    layout = detect_layout(config, weights.names, directory)
     embedding, lm_head = embedding_and_head(target)
     if layout == "medusa1":
         return _medusa(config, weights, lm_head, method or "greedy")
+    if layout == "mimo-mtp":
+        return _mimo_mtp(config, weights, target, embedding, lm_head, method or "sample")
     return _eagle(layout, config, weights, target, embedding, lm_head, method or "sample",
                   feature_layers)
 
@@ -332,9 +345,9 @@ def _medusa(config: dict, weights: _Weights, lm_head, method: str) -> Medusa:
     """Medusa-1: head i = L ResBlocks then an own LM head (keys with or without the
     `medusa_head.` prefix: the full model's state dict, or `medusa_head.state_dict()` as
     `medusa_lm_head.pt` holds)."""
-    prefix = "medusa_head." if any(n.startswith("medusa_head.") for n in weights.arrays) \
+    prefix = "medusa_head." if any(n.startswith("medusa_head.") for n in weights.names) \
         else ""
-    found = {int(n[len(prefix):].split(".")[0]) for n in weights.arrays
+    found = {int(n[len(prefix):].split(".")[0]) for n in weights.names
              if n.startswith(prefix) and n[len(prefix):].split(".")[0].isdigit()}
     heads = int(config.get("medusa_num_heads") or len(found))
     layers = int(config.get("medusa_num_layers") or 1)
@@ -359,3 +372,38 @@ def _medusa(config: dict, weights: _Weights, lm_head, method: str) -> Medusa:
               "lm_heads": jnp.asarray(np.stack(own))}
     return Medusa(params, jnp.asarray(lm_head), method)
 
+
+# ----------------------------------------------------------------------- MiMo MTP
+
+def _mimo_mtp(config, weights, target, embedding, lm_head, method) -> Eagle:
+    """MiMo's first MTP module (`model.mtp_layers.0.*`, Xiaomi's vLLM mimo_mtp.py):
+    `input_proj([hidden_layernorm(feature); token_layernorm(embedding)])`, a Qwen2 block
+    (q/k/v biases), `final_layernorm`, the target's LM head; the embedding of the pair at
+    the sequence's first position zeroed. Reused recursively for K > 1 (what specjax's
+    "mtp" heads do; MiMo's own code drafts one token)."""
+    d_model = embedding.shape[1]
+    if int(config["hidden_size"]) != d_model:
+        raise ValueError(f"{weights.directory}: the MTP module is {config['hidden_size']} wide"
+                         f" but this target is {d_model} wide: load the target from the same "
+                         "checkpoint (from_pretrained)")
+    heads = int(config["num_attention_heads"])
+    theta, scaling = rope_from_hf(config)
+    head_config = FeatureHeadConfig(
+        kind="mtp", d_model=d_model, num_heads=heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or heads),
+        d_ff=int(config["intermediate_size"]),
+        head_dim=int(config.get("head_dim") or d_model // heads), rope_theta=theta,
+        rope_scaling=scaling, rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        qkv_bias=True, first_pair=False, zero_first_embedding=True)
+    prefix = MTP_PREFIX + "0."
+    params = _layer_params(weights, prefix, head_config)
+    params["attn_norm"] = weights.take(prefix + "input_layernorm.weight", (d_model,))
+    params["embed_norm"] = weights.take(prefix + "token_layernorm.weight", (d_model,))
+    params["feature_norm"] = weights.take(prefix + "hidden_layernorm.weight", (d_model,))
+    params["final_norm"] = weights.take(prefix + "final_layernorm.weight", (d_model,))
+    # input_proj reads [feature; embedding]; specjax's mtp proj reads [embedding; feature].
+    proj = weights.take(prefix + "input_proj.weight", (d_model, 2 * d_model), transpose=True)
+    params["proj"] = np.concatenate([proj[d_model:], proj[:d_model]], axis=0)
+    weights.finish(prefix)
+    return Eagle({k: jnp.asarray(v) for k, v in params.items()}, jnp.asarray(embedding),
+                 jnp.asarray(lm_head), head_config, method)

@@ -36,8 +36,8 @@ def write_synthetic_drafter(directory: str | Path, layout: str, shape: Synthetic
                             seed: int = 0, scale: float = 0.02, dtype=np.float32,
                             norm_before_residual: bool = False) -> Path:
     """Write config.json and model.safetensors of `layout` ("eagle3", "eagle3-speculators",
-    "eagle1" or "medusa1") with weights drawn N(0, scale) (norms near 1) into `directory`;
-    returns it."""
+    "eagle1", "medusa1" or "mimo-mtp") with weights drawn N(0, scale) (norms near 1)
+    into `directory`; returns it."""
     from safetensors.numpy import save_file
 
     directory = Path(directory)
@@ -53,7 +53,7 @@ def write_synthetic_drafter(directory: str | Path, layout: str, shape: Synthetic
     def norm():
         return (1.0 + 0.1 * rng.standard_normal(d)).astype(dtype)
 
-    def layer(prefix: str, width_in: int, input_norm: bool) -> dict:
+    def layer(prefix: str, width_in: int, input_norm: bool, bias: bool = False) -> dict:
         # Llama decoder layer names (transformers' LlamaDecoderLayer, as the EAGLE code and
         # speculators reuse them).
         tensors = {
@@ -68,6 +68,11 @@ def write_synthetic_drafter(directory: str | Path, layout: str, shape: Synthetic
         }
         if input_norm:
             tensors[f"{prefix}input_layernorm.weight"] = norm()
+        if bias:  # Qwen2 blocks: q/k/v biases
+            for name in ("q", "k", "v"):
+                out = tensors[f"{prefix}self_attn.{name}_proj.weight"].shape[0]
+                tensors[f"{prefix}self_attn.{name}_proj.bias"] = \
+                    (scale * rng.standard_normal(out)).astype(dtype)
         return tensors
 
     llama = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": d,
@@ -128,9 +133,21 @@ def write_synthetic_drafter(directory: str | Path, layout: str, shape: Synthetic
         config = {"medusa_num_heads": shape.medusa_heads,
                   "medusa_num_layers": shape.medusa_layers,
                   "base_model_name_or_path": "synthetic"}
+    elif layout == "mimo-mtp":
+        # Xiaomi's MiMo-7B: model.mtp_layers.{i}.* inside the target checkpoint (vLLM
+        # mimo_mtp.py: token_layernorm, hidden_layernorm, input_proj (2D -> D, no bias)
+        # over cat(hidden, embedding), a Qwen2DecoderLayer, final_layernorm). Only the
+        # MTP module is written here; a test adds it to a whole target checkpoint.
+        prefix = "model.mtp_layers.0."
+        tensors = layer(prefix, d, input_norm=True, bias=True)
+        for name in ("token_layernorm", "hidden_layernorm", "final_layernorm"):
+            tensors[f"{prefix}{name}.weight"] = norm()
+        tensors[prefix + "input_proj.weight"] = dense(d, 2 * d)
+        config = {**llama, "model_type": "mimo", "architectures": ["MiMoForCausalLM"],
+                  "num_hidden_layers": shape.num_layers, "num_nextn_predict_layers": 1}
     else:
-        raise ValueError(f"layout must be eagle3, eagle3-speculators, eagle1 or medusa1, got "
-                         f"{layout!r}")
+        raise ValueError(f"layout must be eagle3, eagle3-speculators, eagle1, medusa1 or "
+                         f"mimo-mtp, got {layout!r}")
     save_file({name: np.ascontiguousarray(value) for name, value in tensors.items()},
               str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(config, indent=1))

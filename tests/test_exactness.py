@@ -109,7 +109,7 @@ def medusa(method: str = "greedy"):
 def published(layout: str, method: str | None = None):
     """A random checkpoint in a published layout (`specjax_models.published_layouts`),
     written for the target's shape and read back by `specjax_models.load_drafter`: the
-    path a downloaded EAGLE-3 / EAGLE-1 / Medusa-1 head takes (EAGLE-3 over a reduced
+    path a downloaded EAGLE-3 / EAGLE-1 / Medusa-1 head or MiMo's MTP module takes (EAGLE-3 over a reduced
     draft vocabulary of V - 2 ids, Medusa with two residual blocks and own LM heads)."""
     import tempfile
 
@@ -232,6 +232,8 @@ ENTRIES = {
                                              slow_stats=True),
     "published medusa1, static tree": Entry(published("medusa1"), None, MEDUSA_TREE,
                                             slow_greedy=True, slow_stats=True),
+    "published mimo mtp, chain, sampled": Entry(published("mimo-mtp"), slow_greedy=True,
+                                                slow_stats=True),
 }
 SAMPLINGS = {"t1": SamplingConfig(temperature=1.0),
              "t0.7-topk4": SamplingConfig(temperature=0.7, top_k=4),

@@ -60,12 +60,18 @@ def rotate_half(x):
 
 
 def attention(w, prefix, x, heads, kv_heads, theta=10_000.0):
-    """LlamaAttention over T positions (causal, positions 0 ... T - 1, as the EAGLE
-    drafters number the pairs), repeat_kv for grouped heads."""
+    """LlamaAttention (Qwen2Attention when the checkpoint has q/k/v biases) over T
+    positions (causal, positions 0 ... T - 1, as the EAGLE and MTP drafters number the
+    pairs), repeat_kv for grouped heads."""
     length = x.shape[0]
-    q = (x @ w[prefix + "self_attn.q_proj.weight"].T).view(length, heads, -1).transpose(0, 1)
-    k = (x @ w[prefix + "self_attn.k_proj.weight"].T).view(length, kv_heads, -1).transpose(0, 1)
-    v = (x @ w[prefix + "self_attn.v_proj.weight"].T).view(length, kv_heads, -1).transpose(0, 1)
+
+    def project(name, count):
+        out = x @ w[f"{prefix}self_attn.{name}_proj.weight"].T
+        if f"{prefix}self_attn.{name}_proj.bias" in w:
+            out = out + w[f"{prefix}self_attn.{name}_proj.bias"]
+        return out.view(length, count, -1).transpose(0, 1)
+
+    q, k, v = project("q", heads), project("k", kv_heads), project("v", kv_heads)
     hd = q.shape[-1]
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
     freqs = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)
@@ -113,6 +119,21 @@ def eagle1_reference(w, embedding, lm_head, hidden_TD, ids_T):
     h = x + attention(w, "layers.0.", x, 4, 2)
     h = h + mlp(w, "layers.0.", rms_norm(h, w["layers.0.post_attention_layernorm.weight"]))
     return h, h @ lm_head.T
+
+
+def mimo_mtp_reference(w, embedding, lm_head, hidden_TD, ids_T, eps):
+    """Xiaomi's vLLM mimo_mtp.py MiMoMultiTokenPredictorLayer.forward: the embedding at
+    position 0 zeroed, input_proj(cat(hidden_layernorm(h), token_layernorm(emb))), a
+    Qwen2 decoder layer, final_layernorm; logits through the target's lm_head."""
+    p = "model.mtp_layers.0."
+    emb = embedding[ids_T].clone()
+    emb[0] = 0
+    x = torch.cat((rms_norm(hidden_TD, w[p + "hidden_layernorm.weight"], eps),
+                   rms_norm(emb, w[p + "token_layernorm.weight"], eps)), dim=-1) \
+        @ w[p + "input_proj.weight"].T
+    h = x + attention(w, p, rms_norm(x, w[p + "input_layernorm.weight"], eps), 4, 2)
+    h = h + mlp(w, p, rms_norm(h, w[p + "post_attention_layernorm.weight"], eps))
+    return rms_norm(h, w[p + "final_layernorm.weight"], eps) @ lm_head.T
 
 
 def medusa_reference(w, hidden_D, heads, layers):
@@ -204,6 +225,43 @@ def test_eagle1_logits_and_chain_equal_the_authors(tiny_lm, tmp_path):
     ours_root, ours_tokens = our_chain(drafter, jnp.asarray(tokens), jnp.asarray(features), 4)
     np.testing.assert_allclose(ours_root, root.numpy(), rtol=1e-4, atol=1e-4)
     assert ours_tokens.tolist() == reference_tokens
+
+
+def test_mimo_mtp_from_a_target_checkpoint_equals_the_authors(tmp_path):
+    """A MiMo checkpoint (Qwen2 blocks plus model.mtp_layers.0): from_pretrained reads the
+    target and leaves the MTP module alone; load_drafter reads the module on that target;
+    the first draft's logits equal Xiaomi's layer."""
+    from conftest import tiny_hub_model
+    from safetensors.numpy import load_file, save_file
+
+    directory = tiny_hub_model(tmp_path / "mimo", 2)
+    mtp = write_synthetic_drafter(tmp_path / "mtp", "mimo-mtp",
+                                  shape(d_model=32, vocab_size=64, num_layers=2), seed=4,
+                                  scale=0.3)
+    merged = {**load_file(str(directory / "model.safetensors")),
+              **load_file(str(mtp / "model.safetensors"))}
+    save_file(merged, str(directory / "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    config.update(model_type="mimo", architectures=["MiMoForCausalLM"],
+                  num_nextn_predict_layers=1)
+    (directory / "config.json").write_text(json.dumps(config))
+    target = specjax_models.from_pretrained(directory)
+    drafter = specjax_models.load_drafter(directory, target)
+    assert drafter.config.kind == "mtp" and drafter.config.qkv_bias
+    w = {k: v for k, v in tensors(directory).items() if k.startswith("model.mtp_layers.")}
+    embedding, lm_head = (torch.from_numpy(np.asarray(a, np.float64))
+                          for a in specjax_models.embedding_and_head(target))
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, 64, (1, 6)).astype(np.int32)
+    features = rng.standard_normal((1, 6, 32)).astype(np.float32)
+    logits = mimo_mtp_reference(w, embedding, lm_head,
+                                torch.from_numpy(features[0, :-1].astype(np.float64)),
+                                torch.from_numpy(tokens[0, 1:].astype(np.int64)),
+                                config["rms_norm_eps"])
+    state = drafter.init(jnp.asarray(tokens), jnp.asarray([6]), 32,
+                         features=jnp.asarray(features))
+    np.testing.assert_allclose(np.asarray(drafter._logits(state.root_hidden))[0],
+                               logits[-1].numpy(), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("layers,pickled", [(1, False), (2, True)])

@@ -41,6 +41,10 @@ def test_each_layout_has_its_authors_names(tmp_path):
     assert medusa == {f"medusa_head.{i}.{j}.linear.{p}" for i in range(2) for j in range(2)
                       for p in ("weight", "bias")} | {"medusa_head.0.2.weight",
                                                       "medusa_head.1.2.weight"}
+    mimo = write_synthetic_drafter(tmp_path / "mimo", "mimo-mtp", SHAPE)
+    assert {"model.mtp_layers.0.input_proj.weight", "model.mtp_layers.0.token_layernorm.weight",
+            "model.mtp_layers.0.self_attn.q_proj.bias"} <= names(mimo)
+    assert json.loads((mimo / "config.json").read_text())["model_type"] == "mimo"
     with pytest.raises(ValueError, match="layout must be"):
         write_synthetic_drafter(tmp_path / "x", "hydra", SHAPE)
 

@@ -232,7 +232,8 @@ class Eagle:
 
     def _block(self, tokens_BT, features_BTD, positions_BT, keys, values, cache_lengths_B,
                new_mask_BTT=None):
-        inputs = head_inputs(self.params, self.config, self.embedding, tokens_BT, features_BTD)
+        inputs = head_inputs(self.params, self.config, self.embedding, tokens_BT, features_BTD,
+                             positions_BT)
         out_BTD, (keys, values) = head_block(self.params, self.config, inputs, positions_BT,
                                              (keys, values), cache_lengths_B, new_mask_BTT)
         return out_BTD, keys, values

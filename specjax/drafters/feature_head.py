@@ -27,6 +27,8 @@ Switches for the layers published checkpoints carry (`specjax_models.load_drafte
 - `first_pair=False`: the published heads never saw a pair before the first token, so the
   slot-0 pair (zero feature, first token) is hidden from every later position.
 - `rope_scaling`: Llama 3.1's band-wise rule or linear (`specjax.rope`).
+- `zero_first_embedding`: the embedding of token 1 (in the first pair such a head sees,
+  (feature 0, token 1)) is zeroed, as Xiaomi's vLLM code runs MiMo's MTP module.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class FeatureHeadConfig:
     qkv_bias: bool = False
     first_pair: bool = True
     rope_scaling: tuple | None = None
+    zero_first_embedding: bool = False
 
     def __post_init__(self):
         if self.kind not in HEAD_KINDS:
@@ -199,13 +202,18 @@ def fuse_features(params: dict, config: FeatureHeadConfig, hidden: Array) -> Arr
 
 
 def head_inputs(params: dict, config: FeatureHeadConfig, embedding_VD: Array,
-                tokens_BT: Int[Array, "B T"], features_BTD: Float[Array, "B T D"]
-                ) -> tuple[Array, Array]:
+                tokens_BT: Int[Array, "B T"], features_BTD: Float[Array, "B T D"],
+                positions_BT: Array | None = None) -> tuple[Array, Array]:
     """The block's inputs at each position, from the token's embedding and the feature of
     the previous position: `(residual [B, T, D], attention input [B, T, A])`, float32; A is
-    `config.attention_width`."""
+    `config.attention_width`. `positions` (the tokens' positions) are needed by a
+    `zero_first_embedding` head."""
     token_ids = jnp.clip(tokens_BT, 0, embedding_VD.shape[0] - 1)
     embedded_BTD = embedding_VD[token_ids].astype(jnp.float32)
+    if config.zero_first_embedding:
+        if positions_BT is None:
+            raise ValueError("a zero_first_embedding head needs the tokens' positions")
+        embedded_BTD = jnp.where((positions_BT == 1)[..., None], 0.0, embedded_BTD)
     features_BTD = features_BTD.astype(jnp.float32)
     eps = config.rms_norm_eps
     if config.layer_input == "concat":

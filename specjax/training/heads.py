@@ -132,7 +132,7 @@ def unrolled_head(drafter: Eagle, tokens_BT, features_BTD, steps: int) -> list:
     feature_BTD = _shift_right(features_BTD, 1)
     for step in range(steps):  # static
         x_BTD, attention_input = head_inputs(params, config, drafter.embedding, tokens_BT,
-                                             feature_BTD)
+                                             feature_BTD, positions_BT)
         q, k, v = project_qkv(params, config, attention_input, positions_BT)
         keys.append(k)
         values.append(v)
