@@ -109,13 +109,25 @@ def test_every_command_line_in_the_docs_parses(path, capsys):
 @pytest.fixture
 def small_hub(monkeypatch, tmp_path_factory):
     """`huggingface_hub.snapshot_download` answering from tiny local models: "...-0.5B..."
-    a one-layer draft, anything else a two-layer target of the same vocabulary."""
+    a one-layer draft, "...EAGLE3..." a published-layout EAGLE-3 head for the target,
+    anything else a two-layer target of the same vocabulary."""
     hub = pytest.importorskip("huggingface_hub")
     root = tmp_path_factory.getbasetemp() / "small_hub"
 
     def snapshot_download(repo_id: str, **_) -> str:
-        layers = 1 if "0.5B" in repo_id else 2
-        return str(tiny_hub_model(root / repo_id.replace("/", "--"), layers))
+        directory = root / repo_id.replace("/", "--")
+        if "EAGLE3" in repo_id:  # a published EAGLE-3 head for the two-layer target
+            from specjax_models.published_layouts import (
+                SyntheticShape,
+                write_synthetic_drafter,
+            )
+
+            if not (directory / "config.json").exists():
+                write_synthetic_drafter(directory, "eagle3", SyntheticShape(
+                    d_model=32, vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                    draft_vocab_size=48))
+            return str(directory)
+        return str(tiny_hub_model(directory, 1 if "0.5B" in repo_id else 2))
 
     monkeypatch.setattr(hub, "snapshot_download", snapshot_download)
 

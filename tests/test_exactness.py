@@ -109,8 +109,9 @@ def medusa(method: str = "greedy"):
 def published(layout: str, method: str | None = None):
     """A random checkpoint in a published layout (`specjax_models.published_layouts`),
     written for the target's shape and read back by `specjax_models.load_drafter`: the
-    path a downloaded EAGLE-3 / EAGLE-1 / Medusa-1 head or MiMo's MTP module takes (EAGLE-3 over a reduced
-    draft vocabulary of V - 2 ids, Medusa with two residual blocks and own LM heads)."""
+    path a downloaded EAGLE-3 / EAGLE-1 / Medusa-1 head or MiMo's MTP module takes
+    (EAGLE-3 over a reduced draft vocabulary of V - 2 ids, Medusa with two residual blocks
+    and own LM heads)."""
     import tempfile
 
     from specjax_models.published_layouts import SyntheticShape, write_synthetic_drafter
