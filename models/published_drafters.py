@@ -99,6 +99,7 @@ class _Weights:
         self.directory, self.arrays, self.file_of = directory, arrays, file_of
         self.names = set(file_of)
         self.used: set[str] = set()
+        self.float_dtype = np.dtype(np.float32)  # what floating tensors are cast to
 
     def has(self, name: str) -> bool:
         return name in self.names
@@ -112,7 +113,11 @@ class _Weights:
             return handle.get_tensor(name)
 
     def take(self, name: str, shape: tuple | None = None, transpose: bool = False,
-             dtype=np.float32) -> np.ndarray:
+             host_dtype=None):
+        """The tensor (checked against `shape`), transposed if asked: a jax array of the
+        drafter's float dtype, converted as it is read so that the host holds one
+        checkpoint tensor at a time; with `host_dtype`, a numpy array of that dtype (the
+        id maps)."""
         if name not in self.names:
             raise ValueError(f"{self.directory}: the drafter's weights lack {name!r} (found "
                              f"{sorted(self.names)[:6]} ...); {REMEDY}")
@@ -122,8 +127,11 @@ class _Weights:
                              f"shape {tuple(array.shape)}, expected {tuple(shape)} for this "
                              f"target and config.json; {REMEDY}")
         self.used.add(name)
-        array = array.T if transpose else array
-        return array.astype(dtype) if dtype is not None else array
+        if host_dtype is not None:
+            return array.astype(host_dtype)
+        on_device = jnp.asarray(array)
+        del array
+        return (on_device.T if transpose else on_device).astype(self.float_dtype)
 
     def ignore(self, *names: str) -> None:
         self.used.update(n for n in names if n in self.names)
@@ -169,14 +177,21 @@ def detect_layout(config: dict, names: set[str], directory: Path) -> str:
 
 
 def load_drafter(directory: str | Path, target: specjax.CausalLM, *,
-                 method: str | None = None, feature_layers=None):
+                 method: str | None = None, feature_layers=None, dtype="float32"):
     """The published drafter in `directory` (a local snapshot: config.json and its weights),
     on `target` (the model it was trained for, e.g. from `from_pretrained`).
 
-    Returns a `specjax.drafters.Eagle` (EAGLE-1/2/3) or `Medusa` (Medusa-1) in float32.
-    method: the drafter's draw ("sample" or "greedy"; default "sample" for EAGLE, "greedy"
-    for Medusa, as the papers do). feature_layers: the target layers an EAGLE-3 head fuses,
-    when neither its config nor the default (2, L // 2, L - 3) is right."""
+    Returns a `specjax.drafters.Eagle` (EAGLE-1/2/3, MiMo's MTP module) or `Medusa`
+    (Medusa-1). method: the drafter's draw ("sample" or "greedy"; default "sample" for
+    EAGLE and MTP, "greedy" for Medusa, as the papers do). feature_layers: the target
+    layers an EAGLE-3 head fuses, when neither its config nor the default (2, L // 2,
+    L - 3) is right. dtype: "float32" (default) or "bfloat16" for the drafter's weights
+    (half the memory; its arithmetic stays float32)."""
+    import ml_dtypes
+
+    dtypes = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+    if str(dtype) not in dtypes:
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory} is not a directory (download the drafter with "
@@ -184,13 +199,17 @@ def load_drafter(directory: str | Path, target: specjax.CausalLM, *,
     config = read_json(directory / "config.json", REMEDY) \
         if (directory / "config.json").exists() else {}
     weights = read_weights(directory)
+    weights.float_dtype = dtypes[str(dtype)]
     layout = detect_layout(config, weights.names, directory)
-    embedding, lm_head = embedding_and_head(target)
+    # The target's LM head only where the drafter scores through it (an untied head is
+    # stored [D, V]: taking it [V, D] is a copy); EAGLE-3 and Medusa-1 carry their own.
+    embedding = embedding_and_head(target)[0]
+    target_head = lambda: embedding_and_head(target)[1]  # noqa: E731
     if layout == "medusa1":
-        return _medusa(config, weights, lm_head, method or "greedy")
+        return _medusa(config, weights, embedding.shape, method or "greedy")
     if layout == "mimo-mtp":
-        return _mimo_mtp(config, weights, target, embedding, lm_head, method or "sample")
-    return _eagle(layout, config, weights, target, embedding, lm_head, method or "sample",
+        return _mimo_mtp(config, weights, target, embedding, target_head(), method or "sample")
+    return _eagle(layout, config, weights, target, embedding, target_head, method or "sample",
                   feature_layers)
 
 
@@ -211,7 +230,7 @@ def _layer_config(layout: str, config: dict, directory: Path) -> dict:
     return layer
 
 
-def _eagle(layout, config, weights, target, embedding, lm_head, method, feature_layers):
+def _eagle(layout, config, weights, target, embedding, target_head, method, feature_layers):
     directory = weights.directory
     layer = _layer_config(layout, config, directory)
     model_type = layer.get("model_type", "llama")
@@ -262,22 +281,23 @@ def _eagle(layout, config, weights, target, embedding, lm_head, method, feature_
         # The columns follow the config's layer order; the target returns sorted layers.
         order = np.argsort(ids)
         params["fuse"] = fc.reshape(len(ids), d_model, d_model)[order].reshape(-1, d_model)
+        del fc
         params["final_norm"] = weights.take("norm.weight", (d_model,))
         own_head, draft_vocab = _draft_vocabulary(weights, config, layer, target.vocab_size,
                                                   d_model)
         lm_head = own_head
     else:
+        lm_head = target_head()
         params["fc"] = weights.take("fc.weight", (d_model, 2 * d_model), transpose=True)
         params["fc_bias"] = (weights.take("fc.bias", (d_model,)) if weights.has("fc.bias")
-                             else np.zeros((d_model,), np.float32))
+                             else jnp.zeros((d_model,), weights.float_dtype))
         draft_vocab = None
     if weights.has("embed_tokens.weight"):
         embedding = weights.take("embed_tokens.weight", (target.vocab_size, d_model))
     # Frozen copies of the target's that speculators keeps for training only.
     weights.ignore("verifier_norm.weight", "verifier_lm_head.weight")
     weights.finish()
-    return Eagle({k: jnp.asarray(v) for k, v in params.items()}, jnp.asarray(embedding),
-                 jnp.asarray(lm_head), head_config, method,
+    return Eagle(params, jnp.asarray(embedding), jnp.asarray(lm_head), head_config, method,
                  None if draft_vocab is None else jnp.asarray(draft_vocab))
 
 
@@ -300,7 +320,7 @@ def _layer_params(weights: _Weights, prefix: str, config: FeatureHeadConfig) -> 
         for name, width in (("q", q_out), ("k", kv_out), ("v", kv_out)):
             key = f"{prefix}self_attn.{name}_proj.bias"
             params["b" + name] = take(key, (width,)) if weights.has(key) else \
-                np.zeros((width,), np.float32)
+                jnp.zeros((width,), weights.float_dtype)
     if config.layer_input == "concat":
         params["embed_norm"] = take(prefix + "input_layernorm.weight", (d,))
         params["feature_norm"] = take(prefix + "hidden_norm.weight", (d,))
@@ -308,7 +328,7 @@ def _layer_params(weights: _Weights, prefix: str, config: FeatureHeadConfig) -> 
 
 
 def _draft_vocabulary(weights: _Weights, config: dict, layer: dict, vocab_size: int,
-                      d_model: int) -> tuple[np.ndarray, np.ndarray | None]:
+                      d_model: int):
     """`(own LM head rows, draft vocabulary)`: EAGLE-3's head scores `draft_vocab_size`
     ids, draft id i being target id i + d2t[i] (t2d marks the same ids); rows are put in
     increasing target-id order (what `Eagle.draft_vocab` wants)."""
@@ -321,7 +341,7 @@ def _draft_vocabulary(weights: _Weights, config: dict, layer: dict, vocab_size: 
                              f"{REMEDY}")
         weights.ignore("t2d")
         return rows, None
-    offsets = weights.take("d2t", (size,), dtype=np.int64)
+    offsets = weights.take("d2t", (size,), host_dtype=np.int64)
     ids = np.arange(size, dtype=np.int64) + offsets
     where = weights.directory / weights.file_of["d2t"]
     if ids.min() < 0 or ids.max() >= vocab_size or np.unique(ids).size != size:
@@ -329,19 +349,21 @@ def _draft_vocabulary(weights: _Weights, config: dict, layer: dict, vocab_size: 
         raise ValueError(f"{where}: d2t maps draft ids to {problem} target ids (the target "
                          f"has {vocab_size}); {REMEDY}")
     if weights.has("t2d"):
-        marks = weights.take("t2d", (vocab_size,), dtype=bool)
+        marks = weights.take("t2d", (vocab_size,), host_dtype=bool)
         if int(marks.sum()) != size or not marks[ids].all():
             raise ValueError(f"{weights.directory / weights.file_of['t2d']}: t2d and d2t "
                              f"disagree (t2d marks {int(marks.sum())} target ids, "
                              f"{int(marks[ids].sum())} of the {size} that d2t maps to); "
                              f"{REMEDY}")
     order = np.argsort(ids)
+    if np.array_equal(order, np.arange(size)):  # the published heads' ids are sorted
+        return rows, ids.astype(np.int32)
     return rows[order], ids[order].astype(np.int32)
 
 
 # ----------------------------------------------------------------------- Medusa
 
-def _medusa(config: dict, weights: _Weights, lm_head, method: str) -> Medusa:
+def _medusa(config: dict, weights: _Weights, target_shape: tuple, method: str) -> Medusa:
     """Medusa-1: head i = L ResBlocks then an own LM head (keys with or without the
     `medusa_head.` prefix: the full model's state dict, or `medusa_head.state_dict()` as
     `medusa_lm_head.pt` holds)."""
@@ -357,20 +379,21 @@ def _medusa(config: dict, weights: _Weights, lm_head, method: str) -> Medusa:
         if found != set(range(heads)):
             raise ValueError(f"{weights.directory}: Medusa heads {sorted(found)} are not "
                              f"0 ... {heads - 1}; {REMEDY}")
-    vocab, d_model = lm_head.shape
+    vocab, d_model = target_shape
     w, b, own = [], [], []
     for i in range(heads):
         blocks = [(weights.take(f"{prefix}{i}.{j}.linear.weight", (d_model, d_model),
                                 transpose=True),
                    weights.take(f"{prefix}{i}.{j}.linear.bias", (d_model,)))
                   for j in range(layers)]
-        w.append(np.stack([block[0] for block in blocks]))
-        b.append(np.stack([block[1] for block in blocks]))
+        w.append(jnp.stack([block[0] for block in blocks]))
+        b.append(jnp.stack([block[1] for block in blocks]))
         own.append(weights.take(f"{prefix}{i}.{layers}.weight", (vocab, d_model)))
     weights.finish()
-    params = {"w": jnp.asarray(np.stack(w)), "b": jnp.asarray(np.stack(b)),
-              "lm_heads": jnp.asarray(np.stack(own))}
-    return Medusa(params, jnp.asarray(lm_head), method)
+    lm_heads = jnp.stack(own)  # [M, V, D]: briefly twice the heads' LM heads in memory
+    del own
+    params = {"w": jnp.stack(w), "b": jnp.stack(b), "lm_heads": lm_heads}
+    return Medusa(params, None, method)  # every head has its own LM head
 
 
 # ----------------------------------------------------------------------- MiMo MTP
@@ -403,7 +426,6 @@ def _mimo_mtp(config, weights, target, embedding, lm_head, method) -> Eagle:
     params["final_norm"] = weights.take(prefix + "final_layernorm.weight", (d_model,))
     # input_proj reads [feature; embedding]; specjax's mtp proj reads [embedding; feature].
     proj = weights.take(prefix + "input_proj.weight", (d_model, 2 * d_model), transpose=True)
-    params["proj"] = np.concatenate([proj[d_model:], proj[:d_model]], axis=0)
+    params["proj"] = jnp.concatenate([proj[d_model:], proj[:d_model]], axis=0)
     weights.finish(prefix)
-    return Eagle({k: jnp.asarray(v) for k, v in params.items()}, jnp.asarray(embedding),
-                 jnp.asarray(lm_head), head_config, method)
+    return Eagle(params, jnp.asarray(embedding), jnp.asarray(lm_head), head_config, method)

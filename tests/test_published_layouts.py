@@ -49,8 +49,23 @@ def test_each_layout_has_its_authors_names(tmp_path):
         write_synthetic_drafter(tmp_path / "x", "hydra", SHAPE)
 
 
-def test_a_bfloat16_checkpoint_loads_as_float32(tmp_path):
+def test_a_bfloat16_checkpoint_loads_as_float32_or_kept_in_bfloat16(tmp_path):
+    import jax
+    import jax.numpy as jnp
+
     directory = write_synthetic_drafter(tmp_path, "eagle3", SHAPE, dtype=ml_dtypes.bfloat16)
-    drafter = specjax_models.load_drafter(directory, build_lm(2, num_layers=8))
-    assert all(np.asarray(p).dtype == np.float32 for p in drafter.params.values())
-    assert drafter.draft_vocab.shape == (20,)
+    target = build_lm(2, num_layers=8)
+    wide = specjax_models.load_drafter(directory, target)
+    assert all(np.asarray(p).dtype == np.float32 for p in wide.params.values())
+    assert wide.draft_vocab.shape == (20,)
+    narrow = specjax_models.load_drafter(directory, target, dtype="bfloat16")
+    assert {str(p.dtype) for p in narrow.params.values()} == {"bfloat16"}
+    features = jax.random.normal(jax.random.key(0), (1, 5, 4, 64))
+    tokens, lengths = jnp.asarray([[1, 2, 3, 4, 5]]), jnp.asarray([5])
+    roots = [d._logits(d.init(tokens, lengths, 16, features=features).root_hidden)
+             for d in (wide, narrow)]
+    # The checkpoint holds bfloat16 values: both load them exactly, and compute in float32.
+    np.testing.assert_allclose(np.asarray(roots[0]), np.asarray(roots[1]), rtol=1e-5,
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="dtype must be"):
+        specjax_models.load_drafter(directory, target, dtype="float16")

@@ -54,7 +54,7 @@ def init_medusa_params(num_heads: int, d_model: int) -> dict:
             "b": jnp.zeros((num_heads, d_model), jnp.float32)}
 
 
-def medusa_logits(params: dict, lm_head_VD: Array, hidden_BD: Array) -> Array:
+def medusa_logits(params: dict, lm_head_VD: Array | None, hidden_BD: Array) -> Array:
     """Float32 logits [B, M, V] of every head at hidden states [B, D] (any leading axes).
 
     params["w"] / ["b"]: [M, D, D] / [M, D] (one residual block per head), or
@@ -87,14 +87,16 @@ class MedusaState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, eq=False)
 class Medusa:
-    """Medusa heads on a target. params: {"w": [M, D, D], "b": [M, D]}; lm_head: the
-    target's LM head [V, D] (`specjax_models.embedding_and_head(target)[1]`). method:
+    """Medusa heads on a target. params: {"w": [M, D, D], "b": [M, D]} (or L blocks per
+    head and own `lm_heads`, see `medusa_logits`); lm_head: the target's LM head [V, D]
+    (`specjax_models.embedding_and_head(target)[1]`), or None when params hold every
+    head's own `lm_heads` (Medusa-1's published heads). method:
     "greedy" (each head's argmax, one-hot q; the paper's choice) or "sample" (a draw from
     each head's warped distribution with that q). Chains of K <= M drafts; trees of depth
     <= M."""
 
     params: dict
-    lm_head: Array
+    lm_head: Array | None
     method: str = dataclasses.field(default="greedy", metadata={"static": True})
 
     reads_target_features: ClassVar[bool] = True
@@ -116,6 +118,9 @@ class Medusa:
                                                   or own[2] != w[-1]):
             raise ValueError(f"Medusa params['lm_heads'] must be [num_heads={w[0]}, vocab, "
                              f"D={w[-1]}], got {own}")
+        if self.lm_head is None and w is not None and own is None:
+            raise ValueError("Medusa needs lm_head (the target's LM head) unless params "
+                             "hold each head's own lm_heads")
 
     @classmethod
     def create(cls, num_heads: int, lm_head: Array, method: str = "greedy") -> Medusa:
@@ -177,7 +182,7 @@ class Medusa:
             raise ValueError(f"the Medusa heads' own LM heads have {own.shape[1]} rows but "
                              f"the target's vocab_size is {target.vocab_size}: the heads run "
                              "on the target they were trained for")
-        if self.lm_head.shape[0] != target.vocab_size:
+        if self.lm_head is not None and self.lm_head.shape[0] != target.vocab_size:
             raise ValueError(f"Medusa's lm_head has {self.lm_head.shape[0]} rows but the "
                              f"target's vocab_size is {target.vocab_size}: the heads run on "
                              "the target they were trained for")
