@@ -6,8 +6,11 @@
    timed as a decode loop runs it: `specjax.timing.forward_timer`).
 2. The decode-phase speedup over plain decoding (greedy, batch 1, same run, compile
    excluded) of the draft-model chain, the EAGLE-3 dynamic tree, prompt lookup, lookahead,
-   retrieval from the row's own text and layer skipping, on the bundled pair (its shipped draft and
-   head) and SmolLM2 (the shipped distilled draft and EAGLE-3 head).
+   retrieval from the row's own text and layer skipping, on the bundled pair (its shipped draft
+   and head) and SmolLM2 (the shipped distilled draft and EAGLE-3 head); and the costs of
+   a published-layout EAGLE-3 head (random weights of the target's width, read by
+   `specjax_models.load_drafter`; no hub on the device: a random head is rarely accepted,
+   so its decode speedup at tau near 1 is the price of its drafting and verifying).
 
 Results are written after every section, so a run cut short still leaves what it
 measured; `--budget-s` skips what would not fit (recorded as skipped).
@@ -128,6 +131,8 @@ def decode_speedups(args, budget: Budget) -> list[dict]:
             # bound, c is then about half a target step).
             "layer skip, odd inner blocks, chain K=4": lambda target=target: (
                 LayerSkip(skip=tuple(range(1, target.num_layers - 1, 2))), 4, None),
+            "published EAGLE-3 layout (random), dynamic tree 16": lambda target=target: (
+                published_head(target), None, DynamicTree(16, 6, 4)),
         }
         for label, make in shapes.items():
             if not budget.allows(f"decode {name} {label}"):
@@ -140,6 +145,25 @@ def decode_speedups(args, budget: Budget) -> list[dict]:
                   f"{row['tau']:.2f}, identical to plain: {row['greedy_identical']})",
                   flush=True)
     return rows
+
+
+def published_head(target):
+    """An EAGLE-3 head in the speculators layout, random weights of the target's width and
+    vocabulary (a Llama-style block: width / 64 heads, a third as many KV heads, an MLP of
+    8/3 the width), written to a temporary folder and read back by load_drafter."""
+    import tempfile
+
+    from specjax_models.published_layouts import SyntheticShape, write_synthetic_drafter
+
+    vocab, width = specjax_models.embedding_and_head(target)[0].shape
+    heads = max(1, int(width) // 64)
+    shape = SyntheticShape(d_model=int(width), vocab_size=int(vocab),
+                           num_layers=target.num_layers, num_heads=heads,
+                           num_kv_heads=heads // 3 if heads % 3 == 0 else heads,
+                           d_ff=8 * int(width) // 3, draft_vocab_size=min(int(vocab), 32000))
+    directory = write_synthetic_drafter(tempfile.mkdtemp(prefix="published-"),
+                                        "eagle3-speculators", shape, scale=0.02)
+    return specjax_models.load_drafter(directory, target, method="greedy")
 
 
 def as_chain_drafter(draft):

@@ -234,7 +234,9 @@ def _eagle(layout, config, weights, target, embedding, target_head, method, feat
     directory = weights.directory
     layer = _layer_config(layout, config, directory)
     model_type = layer.get("model_type", "llama")
-    if model_type not in ("llama", "qwen2", "mistral"):
+    # The authors' code builds its own Llama layer whatever the config's model_type;
+    # speculators builds the model_type's layer (Qwen3's has q/k norms).
+    if layout == "eagle3-speculators" and model_type not in ("llama", "qwen2", "mistral"):
         raise ValueError(f"{directory}: a {model_type!r} decoder layer (its attention has "
                          "q/k norms or another block) is not supported; Llama-style layers are")
     layers = int(layer.get("num_hidden_layers", 1))
@@ -252,7 +254,9 @@ def _eagle(layout, config, weights, target, embedding, target_head, method, feat
                          "it was trained for")
     heads = int(layer["num_attention_heads"])
     kv_heads = int(layer.get("num_key_value_heads") or heads)
-    head_dim = int(layer.get("head_dim") or d_model // heads)
+    # The authors' LlamaAttention takes hidden_size // num_heads, whatever head_dim says.
+    head_dim = int(layer.get("head_dim") or d_model // heads) \
+        if layout == "eagle3-speculators" else d_model // heads
     theta, scaling = rope_from_hf(layer)
     eagle3 = layout != "eagle1"
     if eagle3:

@@ -30,7 +30,8 @@ def test_the_device_script_runs_every_measurement_at_ci_size(tmp_path):
     assert decoders == {"draft model, chain K=4", "EAGLE-3, dynamic tree 16",
                         "prompt lookup, chain K=4", "lookahead W=7 N=4 G=7",
                         "retrieval, own text, 16 nodes",
-                        "layer skip, odd inner blocks, chain K=4"}
+                        "layer skip, odd inner blocks, chain K=4",
+                        "published EAGLE-3 layout (random), dynamic tree 16"}
     for row in result["decode"]:
         assert row["greedy_identical"] is True  # greedy: the same tokens as plain decoding
         # A dry run's timings are a few milliseconds: numbers, not measurements.

@@ -337,3 +337,29 @@ def test_bad_checkpoints_are_refused_by_file_and_key(deep_lm, tiny_lm, tmp_path)
     (cut / "model.safetensors").write_bytes(data[:len(data) // 2])
     with pytest.raises(ValueError, match="truncated|download it again"):
         specjax_models.load_drafter(cut, deep_lm)
+
+
+def test_a_pickled_file_without_torch_is_refused_with_the_conversion(tiny_lm, tmp_path,
+                                                                    monkeypatch):
+    import sys
+
+    directory = write_synthetic_drafter(tmp_path, "medusa1", shape())
+    torch.save({k: v.float() for k, v in tensors(directory).items()},
+               directory / "pytorch_model.bin")
+    (directory / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="cannot be read as PyTorch weights"):
+        specjax_models.load_drafter(_damaged(directory), tiny_lm)
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails
+    with pytest.raises(ValueError, match="pickled PyTorch file and torch is not installed.*"
+                                         "safetensors.torch"):
+        specjax_models.load_drafter(directory, tiny_lm)
+
+
+def _damaged(directory):
+    """A copy of `directory` whose pytorch_model.bin is not a pickle."""
+    import shutil
+
+    copy = directory.parent / (directory.name + "-damaged")
+    shutil.copytree(directory, copy)
+    (copy / "pytorch_model.bin").write_bytes(b"not a pickle")
+    return copy
