@@ -8,9 +8,11 @@ Vicuna-7B (width 4096, vocabulary 32,000); MiMo-7B's MTP module (width 4096, voc
 151,680). The target each loads onto has the real width, vocabulary and depth-dependent
 feature layers but one narrow head and MLP per block (the drafter reads only its
 embedding, LM head and depth), so that it fits beside the drafter on a 24 GB machine.
-Peak memory is the process's high-water mark while loading (reset after the target is
-built and what it freed is returned: `malloc_trim`, Linux `/proc/self/clear_refs`), over
-its resident memory before.
+"Weights" is the memory the drafter holds beyond the target's (its own LM head included;
+the target's embedding is shared; an untied target LM head it scores through is a [V, D]
+copy). Peak memory is the process's high-water mark while loading (reset after the target
+is built and what it freed is returned: `malloc_trim`, Linux `/proc/self/clear_refs`),
+over its resident memory before.
 
     python -m benchmarks.published_drafters [--dir /tmp/specjax_published] [--reps 3]
 """
@@ -70,7 +72,11 @@ start = time.perf_counter()
 drafter = specjax_models.load_drafter(sys.argv[1], target, dtype=sys.argv[3])
 jax.block_until_ready(drafter)
 seconds = time.perf_counter() - start
-weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(drafter.params))
+# The drafter's own device memory: every array it holds but the target's (its embedding
+# is shared; an untied target LM head it scores through is a [V, D] copy, counted).
+shared = {x.unsafe_buffer_pointer() for x in jax.tree.leaves(target.params)}
+weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(drafter)
+              if x.unsafe_buffer_pointer() not in shared)
 print(json.dumps({"seconds": seconds, "baseline_rss": base, "peak_rss": status('VmHWM'),
                   "weights_bytes": weights, "drafter": type(drafter).__name__}))
 """
@@ -117,6 +123,8 @@ def main():
              f"Random weights in each published layout at the real heads' shapes, stored in "
              f"bfloat16 safetensors; medians of {args.reps} fresh processes on "
              f"{machine['cpu_model'] or 'this CPU'} ({machine['cpu_count']} cores). "
+             "Weights: what the drafter holds beyond the target's arrays (its own LM head "
+             "included; an untied target LM head it scores through is a [V, D] copy). "
              "Peak: the process's high-water mark while loading, over its resident memory "
              "before (the target already built).", "",
              "| drafter | loaded as | file GB | weights GB | load s | peak extra GB | "
