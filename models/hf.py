@@ -298,8 +298,11 @@ def _to_ours(array: np.ndarray, transform) -> np.ndarray:
 # ---------------------------------------------------------------- loading
 
 def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False, *,
-                    cache: bool | None = None) -> specjax.CausalLM:
-    """Load a local Hugging Face checkpoint directory as a `specjax.CausalLM`.
+                    cache: bool | None = None, mtp: bool = False):
+    """Load a local Hugging Face checkpoint directory as a `specjax.CausalLM`; with
+    `mtp=True`, `(target, drafter)`: the target and the multi-token-prediction module its
+    checkpoint carries (MiMo's `model.mtp_layers`, read by
+    `specjax_models.load_drafter`).
 
     Args:
       path: a directory with config.json and model.safetensors (or sharded safetensors
@@ -313,7 +316,16 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False, *,
         (`specjax_models.model_cache`). Default: only where loading converts (a sharded
         checkpoint, or a dtype other than the checkpoint's), unless `$SPECJAX_MODEL_CACHE`
         is off; True or False decide for any checkpoint.
+      mtp: also return the checkpoint's MTP drafter (refused when it has none).
     """
+    if mtp:
+        from specjax_models.published_drafters import load_drafter
+
+        target = from_pretrained(path, dtype, scan_layers, cache=cache)
+        if not any(name.startswith(MTP_PREFIX) for name in checkpoint_files(Path(path))):
+            raise ValueError(f"{path} carries no multi-token-prediction module "
+                             f"({MTP_PREFIX}* tensors); load it without mtp=True")
+        return target, load_drafter(path, target)
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json: pass a Hugging Face model "

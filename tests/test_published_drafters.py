@@ -245,9 +245,10 @@ def test_mimo_mtp_from_a_target_checkpoint_equals_the_authors(tmp_path):
     config.update(model_type="mimo", architectures=["MiMoForCausalLM"],
                   num_nextn_predict_layers=1)
     (directory / "config.json").write_text(json.dumps(config))
-    target = specjax_models.from_pretrained(directory)
-    drafter = specjax_models.load_drafter(directory, target)
+    target, drafter = specjax_models.from_pretrained(directory, mtp=True)
     assert drafter.config.kind == "mtp" and drafter.config.qkv_bias
+    with pytest.raises(ValueError, match="carries no multi-token-prediction module"):
+        specjax_models.from_pretrained(tiny_hub_model(tmp_path / "plain", 1), mtp=True)
     w = {k: v for k, v in tensors(directory).items() if k.startswith("model.mtp_layers.")}
     embedding, lm_head = (torch.from_numpy(np.asarray(a, np.float64))
                           for a in specjax_models.embedding_and_head(target))
