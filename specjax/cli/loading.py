@@ -18,12 +18,16 @@ PUBLISHED = "published"  # --drafter-dir: a downloaded EAGLE / Medusa head
 
 
 def load_model(path: str | None, name: str):
+    """An orbax checkpoint or a Hugging Face directory (safetensors) at `path`, else the
+    bundled model `name`."""
     import specjax_models
 
     try:
+        if path and any(Path(path).glob("*.safetensors")):
+            return specjax_models.from_pretrained(path)
         return (specjax_models.load_checkpoint(path) if path
                 else specjax_models.load_bundled(name))
-    except FileNotFoundError as error:
+    except (FileNotFoundError, ValueError) as error:
         raise CliError(str(error)) from None
 
 
@@ -90,8 +94,11 @@ def check_published_options(args) -> None:
     hf, drafter_dir = getattr(args, "hf", None), getattr(args, "drafter_dir", None)
     check_dir(hf, "--hf")
     check_dir(drafter_dir, "--drafter-dir")
-    if hf and (args.target or args.model != "bundled"):
+    if hf and (args.target or args.model not in ("bundled", "hf")):
         raise CliError("--hf loads the target from its directory; drop --target / --model")
+    if hf and drafter_choice(args) == "model" and not args.draft:
+        raise CliError("--drafter model with --hf needs --draft DIR (a draft model for that "
+                       "target: a Hugging Face directory or a specjax checkpoint)")
     if drafter_dir and (args.drafter is not None or args.draft
                         or getattr(args, "head", None)):
         raise CliError("--drafter-dir names the drafter (a published EAGLE-1/2/3 or Medusa-1 "
