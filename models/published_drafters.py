@@ -223,10 +223,9 @@ def _layer_config(layout: str, config: dict, directory: Path) -> dict:
     if not isinstance(layer, dict):
         raise ValueError(f"{directory / 'config.json'}: a speculators eagle3 config without "
                          f"a transformer_layer_config object; {REMEDY}")
-    for switch in ("norm_before_fc", "fc_norm", "norm_output"):
-        if config.get(switch):
-            raise ValueError(f"{directory / 'config.json'}: {switch}=true (a later EAGLE-3 "
-                             "variant) is not supported by load_drafter")
+    if config.get("norm_before_fc") and config.get("fc_norm"):
+        raise ValueError(f"{directory / 'config.json'}: norm_before_fc and fc_norm are both "
+                         f"true (speculators builds one or the other); {REMEDY}")
     return layer
 
 
@@ -278,7 +277,10 @@ def _eagle(layout, config, weights, target, embedding, target_head, method, feat
         rope_scaling=scaling, rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
         layer_input="concat" if eagle3 else "fc",
         norm_before_residual=bool(config.get("norm_before_residual", False)) and eagle3,
-        attn_norm=eagle3, final_norm=eagle3, qkv_bias=bias, first_pair=False)
+        attn_norm=eagle3, final_norm=eagle3, qkv_bias=bias, first_pair=False,
+        fuse_norm=("joint" if config.get("norm_before_fc") else
+                   "per_layer" if config.get("fc_norm") else "none") if eagle3 else "none",
+        norm_output=bool(config.get("norm_output")) and eagle3)
     params = _layer_params(weights, prefix, head_config)
     if eagle3:
         fc = weights.take("fc.weight", (d_model, len(ids) * d_model), transpose=True)
@@ -286,6 +288,12 @@ def _eagle(layout, config, weights, target, embedding, target_head, method, feat
         order = np.argsort(ids)
         params["fuse"] = fc.reshape(len(ids), d_model, d_model)[order].reshape(-1, d_model)
         del fc
+        if head_config.fuse_norm == "joint":  # speculators' input_norm over [h_a; h_b; h_c]
+            joint = weights.take("input_norm.weight", (len(ids) * d_model,))
+            params["fuse_norm"] = joint.reshape(len(ids), d_model)[order].reshape(-1)
+        elif head_config.fuse_norm == "per_layer":  # fc_norm.{i}, one per layer
+            params["fuse_norm"] = jnp.stack([weights.take(f"fc_norm.{i}.weight", (d_model,))
+                                             for i in order])
         params["final_norm"] = weights.take("norm.weight", (d_model,))
         own_head, draft_vocab = _draft_vocabulary(weights, config, layer, target.vocab_size,
                                                   d_model)

@@ -34,10 +34,12 @@ class SyntheticShape:
 
 def write_synthetic_drafter(directory: str | Path, layout: str, shape: SyntheticShape, *,
                             seed: int = 0, scale: float = 0.02, dtype=np.float32,
-                            norm_before_residual: bool = False) -> Path:
+                            norm_before_residual: bool = False, norm_before_fc: bool = False,
+                            fc_norm: bool = False, norm_output: bool = False) -> Path:
     """Write config.json and model.safetensors of `layout` ("eagle3", "eagle3-speculators",
     "eagle1", "medusa1" or "mimo-mtp") with weights drawn N(0, scale) (norms near 1)
-    into `directory`; returns it."""
+    into `directory`; returns it. The speculators layout's switches (`norm_before_residual`,
+    `norm_before_fc`, `fc_norm`, `norm_output`) are written as asked."""
     from safetensors.numpy import save_file
 
     directory = Path(directory)
@@ -104,10 +106,20 @@ def write_synthetic_drafter(directory: str | Path, layout: str, shape: Synthetic
                       "draft_vocab_size": size}
         else:
             tensors["verifier_norm.weight"] = norm()  # speculators' frozen training copy
+            # speculators models/eagle3/core.py: input_norm (norm_before_fc) over the
+            # concatenated layers, or fc_norm.{i} per layer.
+            if norm_before_fc:
+                tensors["input_norm.weight"] = (1.0 + 0.1 * rng.standard_normal(
+                    fused * d)).astype(dtype)
+            if fc_norm:
+                for i in range(fused):
+                    tensors[f"fc_norm.{i}.weight"] = norm()
             config = {"speculators_model_type": "eagle3",
                       "architectures": ["Eagle3Speculator"],
                       "transformer_layer_config": llama, "draft_vocab_size": size,
                       "norm_before_residual": norm_before_residual,
+                      "norm_before_fc": norm_before_fc, "fc_norm": fc_norm,
+                      "norm_output": norm_output,
                       "eagle_aux_hidden_state_layer_ids":
                           list(eagle3_feature_layers(shape.num_layers)),
                       "speculators_config": {"algorithm": "eagle3",

@@ -162,11 +162,19 @@ def our_chain(drafter: Eagle, tokens, features, steps):
     return np.asarray(drafter._logits(state.root_hidden))[0], np.asarray(proposal.tokens)[0]
 
 
-@pytest.mark.parametrize("layout,before", [("eagle3", False), ("eagle3-speculators", False),
-                                           ("eagle3-speculators", True)])
-def test_eagle3_logits_and_chain_equal_the_authors(deep_lm, tmp_path, layout, before):
+@pytest.mark.parametrize("layout,before,fuse_norm,norm_output", [
+    ("eagle3", False, None, False), ("eagle3-speculators", False, None, False),
+    ("eagle3-speculators", True, "norm_before_fc", False),
+    ("eagle3-speculators", False, "fc_norm", True)])
+def test_eagle3_logits_and_chain_equal_the_authors(deep_lm, tmp_path, layout, before,
+                                                   fuse_norm, norm_output):
+    """The authors' forward, and speculators' switches: norm_before_residual,
+    norm_before_fc (one RMSNorm over the concatenated layers), fc_norm (one per layer),
+    norm_output (EAGLE 3.1: the output normalised before it is fed back)."""
+    switches = {} if fuse_norm is None else {fuse_norm: True}
     directory = write_synthetic_drafter(tmp_path, layout, shape(), seed=3, scale=0.3,
-                                        norm_before_residual=before)
+                                        norm_before_residual=before, norm_output=norm_output,
+                                        **switches)
     drafter = specjax_models.load_drafter(directory, deep_lm, method="greedy")
     assert drafter.config.layer_input == "concat" and drafter.feature_layers == (2, 4, 5)
     w = tensors(directory)
@@ -177,8 +185,14 @@ def test_eagle3_logits_and_chain_equal_the_authors(deep_lm, tmp_path, layout, be
     tokens = rng.integers(0, V, (1, 7)).astype(np.int32)
     # Target features: three fused layers and the final state, [1, T, 4, D].
     features = rng.standard_normal((1, 7, 4, D)).astype(np.float32)
-    fused = torch.from_numpy(features[0, :, :3].reshape(7, 3 * D).astype(np.float64)) \
-        @ w["fc.weight"].T
+    # speculators core.py forward: input_norm or fc_norm, then fc.
+    aux = torch.from_numpy(features[0, :, :3].reshape(7, 3 * D).astype(np.float64))
+    if fuse_norm == "norm_before_fc":
+        aux = rms_norm(aux, w["input_norm.weight"])
+    if fuse_norm == "fc_norm":
+        aux = torch.cat([rms_norm(chunk, w[f"fc_norm.{i}.weight"])
+                         for i, chunk in enumerate(aux.chunk(3, dim=-1))], dim=-1)
+    fused = aux @ w["fc.weight"].T
     ids = torch.from_numpy(tokens[0].astype(np.int64))
     d2t = w["d2t"]
     # The authors pair hidden t with token t + 1 and draft from the last pair.
@@ -187,7 +201,11 @@ def test_eagle3_logits_and_chain_equal_the_authors(deep_lm, tmp_path, layout, be
     for step in range(4):
         out = eagle3_reference(w, prefix, embedding, torch.stack(hidden),
                                torch.stack(pair_ids), before)
-        logits = eagle3_logits(w, out[-1])
+        if norm_output:  # fed back normalised; the logits read it as it is
+            out = rms_norm(out, w["norm.weight"])
+            logits = out[-1] @ w["lm_head.weight"].T
+        else:
+            logits = eagle3_logits(w, out[-1])
         if step == 0:
             root = logits
         draft = int(logits.argmax())
@@ -316,8 +334,9 @@ def test_bad_checkpoints_are_refused_by_file_and_key(deep_lm, tiny_lm, tmp_path)
     other = dict(weights, d2t=np.zeros(20, np.int64))  # ids 0 ... 19, which t2d does not mark
     with pytest.raises(ValueError, match="t2d.*disagree"):
         specjax_models.load_drafter(variant("t2d", other), deep_lm)
-    with pytest.raises(ValueError, match="norm_output=true"):
-        specjax_models.load_drafter(variant("output", norm_output=True), deep_lm)
+    with pytest.raises(ValueError, match="norm_before_fc and fc_norm are both true"):
+        specjax_models.load_drafter(variant("both", norm_before_fc=True, fc_norm=True),
+                                    deep_lm)
     with pytest.raises(ValueError, match="speculators 'dflash' drafter"):
         specjax_models.load_drafter(variant("dflash", speculators_model_type="dflash"),
                                     deep_lm)

@@ -29,6 +29,10 @@ Switches for the layers published checkpoints carry (`specjax_models.load_drafte
 - `rope_scaling`: Llama 3.1's band-wise rule or linear (`specjax.rope`).
 - `zero_first_embedding`: the embedding of token 1 (in the first pair such a head sees,
   (feature 0, token 1)) is zeroed, as Xiaomi's vLLM code runs MiMo's MTP module.
+- `fuse_norm` ("joint": one RMSNorm over the concatenated layers, speculators'
+  `norm_before_fc`; "per_layer": one per layer, `fc_norm`) before an eagle3 head's fuse,
+  and `norm_output` (speculators' EAGLE 3.1: the block's output is normalised by
+  `final_norm` before it is fed back, and the logits read it as it is).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from specjax import attention, rope
 
 HEAD_KINDS = ("eagle1", "eagle3", "mtp")
 LAYER_INPUTS = ("fc", "concat")
+FUSE_NORMS = ("none", "joint", "per_layer")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -78,6 +83,8 @@ class FeatureHeadConfig:
     first_pair: bool = True
     rope_scaling: tuple | None = None
     zero_first_embedding: bool = False
+    fuse_norm: str = "none"
+    norm_output: bool = False
 
     def __post_init__(self):
         if self.kind not in HEAD_KINDS:
@@ -101,6 +108,13 @@ class FeatureHeadConfig:
         if self.layer_input == "concat" and (self.feature_norm or not self.attn_norm):
             raise ValueError("a layer_input='concat' head always normalises its feature and "
                              "embedding (feature_norm / attn_norm do not apply)")
+        if self.fuse_norm not in FUSE_NORMS:
+            raise ValueError(f"fuse_norm must be one of {FUSE_NORMS}, got {self.fuse_norm!r}")
+        if self.fuse_norm != "none" and self.kind != "eagle3":
+            raise ValueError("fuse_norm normalises an eagle3 head's fused layers")
+        if self.norm_output and not self.final_norm:
+            raise ValueError("norm_output normalises the output with final_norm; it needs "
+                             "final_norm=True")
         if self.norm_before_residual and self.layer_input != "concat":
             raise ValueError("norm_before_residual is for layer_input='concat' heads")
         if self.rope_scaling is not None:
@@ -151,6 +165,8 @@ def init_head_params(config: FeatureHeadConfig, key: Array) -> dict:
     if config.kind == "eagle3":
         shapes["fuse"] = (len(config.feature_layers) * d, d)
     keys = jax.random.split(key, len(shapes))
+    fuse_norm_shape = {"joint": (len(config.feature_layers) * d,),
+                       "per_layer": (len(config.feature_layers), d)}.get(config.fuse_norm)
     params = {name: 0.02 * jax.random.normal(k, shape, jnp.float32)
               for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=True)}
     norms = ["mlp_norm"]
@@ -164,6 +180,8 @@ def init_head_params(config: FeatureHeadConfig, key: Array) -> dict:
         params[norm] = jnp.ones((d,), jnp.float32)
     if config.kind != "mtp" and config.layer_input == "fc":
         params["fc_bias"] = jnp.zeros((d,), jnp.float32)
+    if fuse_norm_shape is not None:
+        params["fuse_norm"] = jnp.ones(fuse_norm_shape, jnp.float32)
     if config.qkv_bias:
         for name, width in (("bq", config.num_heads), ("bk", config.num_kv_heads),
                             ("bv", config.num_kv_heads)):
@@ -197,7 +215,11 @@ def fuse_features(params: dict, config: FeatureHeadConfig, hidden: Array) -> Arr
                          f"{config.d_model} needs features [..., {layers + 1}, "
                          f"{config.d_model}], got {tuple(hidden.shape)}")
     stacked = hidden[..., :layers, :].astype(jnp.float32)
+    if config.fuse_norm == "per_layer":
+        stacked = rms_norm(stacked, params["fuse_norm"], config.rms_norm_eps)
     flat = stacked.reshape(stacked.shape[:-2] + (layers * config.d_model,))
+    if config.fuse_norm == "joint":
+        flat = rms_norm(flat, params["fuse_norm"], config.rms_norm_eps)
     return flat @ params["fuse"]
 
 
@@ -278,12 +300,15 @@ def attention_weights(config: FeatureHeadConfig, q_BTNH: Array, keys_BSKH: Array
 
 def finish_block(params: dict, config: FeatureHeadConfig, x_BTD: Array,
                  attended_BTNH: Array) -> Array:
-    """Output projection, residual, then the SwiGLU MLP with its residual."""
+    """Output projection, residual, then the SwiGLU MLP with its residual (normalised by
+    final_norm with `norm_output`)."""
     batch, length = x_BTD.shape[:2]
     x_BTD = x_BTD + attended_BTNH.reshape(batch, length, -1) @ params["wo"]
     normed = rms_norm(x_BTD, params["mlp_norm"], config.rms_norm_eps)
-    return x_BTD + (jax.nn.silu(normed @ params["w_gate"]) * (normed @ params["w_up"])) \
+    out = x_BTD + (jax.nn.silu(normed @ params["w_gate"]) * (normed @ params["w_up"])) \
         @ params["w_down"]
+    return rms_norm(out, params["final_norm"], config.rms_norm_eps) if config.norm_output \
+        else out
 
 
 def _write_rows(cache_BSKH: Array, new_BTKH: Array, starts_B: Array) -> Array:
@@ -359,7 +384,8 @@ def head_logits(params: dict, config: FeatureHeadConfig, lm_head_VD: Array,
     """Float32 logits [..., V] of head outputs through the LM head (the target's, or the
     head's own rows over a draft vocabulary)."""
     normed = (rms_norm(out_BTD, params["final_norm"], config.rms_norm_eps)
-              if config.final_norm else out_BTD.astype(jnp.float32))
+              if config.final_norm and not config.norm_output
+              else out_BTD.astype(jnp.float32))
     return jnp.einsum("...D,VD->...V", normed, lm_head_VD.astype(jnp.float32))
 
 
