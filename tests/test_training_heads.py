@@ -31,11 +31,28 @@ def small_head(lm, kind, seed=0) -> Eagle:
 
 
 @pytest.mark.slow
-def test_training_time_test_matches_drafting_step_by_step(tiny_lm):
+def published_head(tiny_lm, layout, tmp_path):
+    """A head read from a published layout (so fine-tuning one trains what it drafts with):
+    MiMo's MTP module (first pair hidden, first embedding zeroed, q/k/v biases), or a
+    speculators EAGLE-3 head with its concatenated input, fc_norm and norm_output."""
+    from specjax_models.published_layouts import SyntheticShape, write_synthetic_drafter
+
+    shape = SyntheticShape(d_model=64, vocab_size=32, num_layers=2, num_heads=4,
+                           num_kv_heads=2)
+    directory = write_synthetic_drafter(tmp_path, layout, shape, seed=2, scale=0.2,
+                                        fc_norm=layout == "eagle3-speculators",
+                                        norm_output=layout == "eagle3-speculators")
+    return specjax_models.load_drafter(directory, tiny_lm)
+
+
+@pytest.mark.parametrize("kind", ["mtp", "mimo-mtp", "eagle3-speculators"])
+def test_training_time_test_matches_drafting_step_by_step(tiny_lm, kind, tmp_path):
     """Unrolled step j at position t equals what drafting computes: the teacher pairs up to
     t - j in the cache, then j pairs fed one at a time, each with the previous output as
-    its feature (the attention mask of training-time test)."""
-    head = small_head(tiny_lm, "mtp", seed=1)
+    its feature (the attention mask of training-time test); for heads of specjax's own
+    layout and for published ones."""
+    head = (small_head(tiny_lm, "mtp", seed=1) if kind == "mtp"
+            else published_head(tiny_lm, kind, tmp_path))
     length = 10
     tokens = jax.random.randint(jax.random.key(0), (2, length), 0, 32)
     features = jax.random.normal(jax.random.key(1), (2, length, 64))
