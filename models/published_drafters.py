@@ -280,7 +280,8 @@ def _eagle(layout, config, weights, target, embedding, target_head, method, feat
         attn_norm=eagle3, final_norm=eagle3, qkv_bias=bias, first_pair=False,
         fuse_norm=("joint" if config.get("norm_before_fc") else
                    "per_layer" if config.get("fc_norm") else "none") if eagle3 else "none",
-        norm_output=bool(config.get("norm_output")) and eagle3)
+        norm_output=bool(config.get("norm_output")) and eagle3, own_lm_head=eagle3,
+        own_embedding=weights.has("embed_tokens.weight"))
     params = _layer_params(weights, prefix, head_config)
     if eagle3:
         fc = weights.take("fc.weight", (d_model, len(ids) * d_model), transpose=True)

@@ -383,3 +383,28 @@ def _damaged(directory):
     shutil.copytree(directory, copy)
     (copy / "pytorch_model.bin").write_bytes(b"not a pickle")
     return copy
+
+
+def test_a_loaded_head_saves_and_loads_with_its_own_lm_head(deep_lm, tiny_lm, tmp_path):
+    """Eagle.save keeps a published EAGLE-3 head's own LM head (and embedding when it has
+    one); loading it back onto the target gives the same logits, not the target's head."""
+    directory = write_synthetic_drafter(tmp_path / "eagle3", "eagle3-speculators", shape(),
+                                        seed=3, scale=0.3, fc_norm=True, norm_output=True)
+    head = specjax_models.load_drafter(directory, deep_lm, dtype="bfloat16")
+    assert head.config.own_lm_head and not head.config.own_embedding
+    head.save(tmp_path / "saved")
+    embedding, lm_head = specjax_models.embedding_and_head(deep_lm)
+    again = Eagle.load(tmp_path / "saved", embedding, lm_head)
+    assert again.config == head.config
+    features = jax.random.normal(jax.random.key(0), (1, 5, 4, D))
+    tokens, lengths = jnp.asarray([[1, 2, 3, 4, 5]]), jnp.asarray([5])
+    roots = [h._logits(h.init(tokens, lengths, 16, features=features).root_hidden)
+             for h in (head, again)]
+    np.testing.assert_allclose(np.asarray(roots[0]), np.asarray(roots[1]), rtol=1e-6)
+    medusa = specjax_models.load_drafter(
+        write_synthetic_drafter(tmp_path / "medusa", "medusa1", shape(medusa_layers=2)),
+        tiny_lm, dtype="bfloat16")
+    medusa.save(tmp_path / "medusa_saved")
+    loaded = Medusa.load(tmp_path / "medusa_saved", specjax_models.embedding_and_head(
+        tiny_lm)[1])
+    assert loaded.num_layers == 2 and loaded.params["lm_heads"].shape == (3, V, D)

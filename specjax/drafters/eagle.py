@@ -98,7 +98,11 @@ def accepted_feature_index(commit: Commit) -> Array:
 
 
 def _weights_dict(params: dict) -> dict:
-    return {name: np.asarray(value) for name, value in params.items()}
+    """numpy arrays to save: floating ones as float32 (a bfloat16 array has no .npz type)."""
+    arrays = {name: np.asarray(value) for name, value in params.items()}
+    return {name: (array.astype(np.float32) if array.dtype.kind == "V" or
+                   np.issubdtype(array.dtype, np.floating) else array)
+            for name, array in arrays.items()}
 
 
 @jax.tree_util.register_dataclass
@@ -175,8 +179,13 @@ class Eagle:
     def save(self, directory: str | Path) -> None:
         """Write `head.json` (kind, config) and `head.npz` (float32 parameters, and the draft
         vocabulary if any); the target's embedding and LM head are not saved (the head is
-        loaded onto its target)."""
+        loaded onto its target), the head's own ones are (`config.own_lm_head`,
+        `own_embedding`: a published EAGLE-3 head's LM head)."""
         extra = {} if self.draft_vocab is None else {DRAFT_VOCAB_KEY: self.draft_vocab}
+        if self.config.own_lm_head:
+            extra[OWN_LM_HEAD_KEY] = self.lm_head
+        if self.config.own_embedding:
+            extra[OWN_EMBEDDING_KEY] = self.embedding
         save_head(directory, "eagle", self.config.to_dict(), {**self.params, **extra})
 
     @classmethod
@@ -189,6 +198,14 @@ class Eagle:
         directory = Path(directory)
         config = head_config_from(directory, fields)
         draft_vocab = params.pop(DRAFT_VOCAB_KEY, None)
+        own = {key: params.pop(key, None) for key in (OWN_LM_HEAD_KEY, OWN_EMBEDDING_KEY)}
+        for key, flag in ((OWN_LM_HEAD_KEY, config.own_lm_head),
+                          (OWN_EMBEDDING_KEY, config.own_embedding)):
+            if flag and (own[key] is None or own[key].ndim != 2
+                         or own[key].shape[1] != config.d_model):
+                raise damaged(directory / "head.npz", f"its config names its own {key} but "
+                              f"the archive holds {None if own[key] is None else own[key].shape}"
+                              f", expected [rows, {config.d_model}]", HEAD_REMEDY)
         expected = {name: value.shape for name, value in
                     jax.eval_shape(lambda: init_head_params(config, jax.random.key(0))).items()}
         check_arrays(directory / "head.npz", params, expected, HEAD_REMEDY)
@@ -202,7 +219,18 @@ class Eagle:
                              f"{tuple(embedding.shape)}: load it onto the target it was "
                              "trained for")
         params = {name: jnp.asarray(value) for name, value in params.items()}
-        lm_head, draft_vocab = _restrict(jnp.asarray(lm_head), draft_vocab)
+        if config.own_embedding:
+            embedding = own[OWN_EMBEDDING_KEY]
+        if config.own_lm_head:  # its rows are the draft vocabulary's already
+            lm_head = jnp.asarray(own[OWN_LM_HEAD_KEY])
+            rows = lm_head.shape[0]
+            if draft_vocab is not None and rows != len(draft_vocab):
+                raise damaged(directory / "head.npz", f"its own LM head has {rows} rows for "
+                              f"a {len(draft_vocab)}-id draft vocabulary", HEAD_REMEDY)
+            draft_vocab = None if draft_vocab is None else jnp.asarray(
+                draft_vocab_ids(draft_vocab, embedding.shape[0]))
+        else:
+            lm_head, draft_vocab = _restrict(jnp.asarray(lm_head), draft_vocab)
         return cls(params, jnp.asarray(embedding), lm_head, config, method, draft_vocab)
 
     # -- host-side checks --------------------------------------------------------------------
@@ -411,6 +439,7 @@ class Eagle:
 
 
 DRAFT_VOCAB_KEY = "draft_vocab"
+OWN_LM_HEAD_KEY, OWN_EMBEDDING_KEY = "own_lm_head", "own_embedding"
 
 
 def _restrict(lm_head_VD: Array, draft_vocab) -> tuple[Array, Array | None]:

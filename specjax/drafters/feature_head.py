@@ -61,8 +61,10 @@ class FeatureHeadConfig:
     residual streams an "eagle3" head fuses (empty for the others, which read the final
     hidden state). num_heads / num_kv_heads / head_dim / d_ff: the head's block.
     layer_input, norm_before_residual, attn_norm, final_norm, qkv_bias, first_pair,
-    rope_scaling: the published layers' switches (module docstring); the defaults are the
-    heads `specjax train-drafter` trains.
+    rope_scaling, zero_first_embedding, fuse_norm, norm_output: the published layers'
+    switches (module docstring); the defaults are the heads `specjax train-drafter` trains.
+    own_lm_head / own_embedding: the head's LM head (EAGLE-3's over its draft vocabulary)
+    or embedding is its own, not the target's, so `Eagle.save` keeps it.
     """
 
     kind: str
@@ -85,6 +87,8 @@ class FeatureHeadConfig:
     zero_first_embedding: bool = False
     fuse_norm: str = "none"
     norm_output: bool = False
+    own_lm_head: bool = False
+    own_embedding: bool = False
 
     def __post_init__(self):
         if self.kind not in HEAD_KINDS:
