@@ -408,3 +408,26 @@ def test_a_loaded_head_saves_and_loads_with_its_own_lm_head(deep_lm, tiny_lm, tm
     loaded = Medusa.load(tmp_path / "medusa_saved", specjax_models.embedding_and_head(
         tiny_lm)[1])
     assert loaded.num_layers == 2 and loaded.params["lm_heads"].shape == (3, V, D)
+
+
+def test_medusa1_equals_the_medusa_llm_package(tiny_lm, tmp_path):
+    """Against the authors' own package (medusa-llm installs beside the pinned torch): its
+    ResBlock, the head structure MedusaModelABC.__init__ builds (one ResBlock repeated,
+    then an LM head), the synthetic checkpoint loaded with strict key matching."""
+    medusa_model = pytest.importorskip("medusa.model.medusa_model")
+    from safetensors.torch import load_file
+
+    directory = write_synthetic_drafter(tmp_path, "medusa1", shape(medusa_layers=2), seed=8,
+                                        scale=0.3)
+    heads = torch.nn.ModuleList([
+        torch.nn.Sequential(*([medusa_model.ResBlock(D)] * 2),
+                            torch.nn.Linear(D, V, bias=False)) for _ in range(3)])
+    state = load_file(str(directory / "model.safetensors"))
+    heads.load_state_dict({k[len("medusa_head."):]: v for k, v in state.items()},
+                          strict=True)
+    hidden = np.random.default_rng(4).standard_normal((5, D)).astype(np.float32)
+    with torch.no_grad():
+        reference = torch.stack([head(torch.from_numpy(hidden)) for head in heads], dim=1)
+    drafter = specjax_models.load_drafter(directory, tiny_lm)
+    ours = np.asarray(medusa_logits(drafter.params, drafter.lm_head, jnp.asarray(hidden)))
+    np.testing.assert_allclose(ours, reference.numpy(), rtol=1e-4, atol=1e-4)
