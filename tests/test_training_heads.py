@@ -45,7 +45,8 @@ def published_head(tiny_lm, layout, tmp_path):
     return specjax_models.load_drafter(directory, tiny_lm)
 
 
-@pytest.mark.parametrize("kind", ["mtp", "mimo-mtp", "eagle3-speculators"])
+@pytest.mark.parametrize("kind", ["mtp", pytest.param("mimo-mtp", marks=pytest.mark.slow),
+                                  pytest.param("eagle3-speculators", marks=pytest.mark.slow)])
 def test_training_time_test_matches_drafting_step_by_step(tiny_lm, kind, tmp_path):
     """Unrolled step j at position t equals what drafting computes: the teacher pairs up to
     t - j in the cache, then j pairs fed one at a time, each with the previous output as
