@@ -10,7 +10,7 @@ import math
 import jax.numpy as jnp
 from jax import Array
 
-ROPE_SCALING_TYPES = ("llama3", "linear")
+# The scaling rules `rope_scaling` may name, and the length of each one's tuple.
 _SCALING_LENGTHS = {"linear": 2, "llama3": 5}
 
 

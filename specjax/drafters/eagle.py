@@ -98,11 +98,11 @@ def accepted_feature_index(commit: Commit) -> Array:
 
 
 def _weights_dict(params: dict) -> dict:
-    """numpy arrays to save: floating ones as float32 (a bfloat16 array has no .npz type)."""
+    """numpy arrays to save: floating ones as float32 (a bfloat16 array has no .npz type;
+    jnp.issubdtype, unlike numpy's, knows bfloat16 is floating)."""
     arrays = {name: np.asarray(value) for name, value in params.items()}
-    return {name: (array.astype(np.float32) if array.dtype.kind == "V" or
-                   np.issubdtype(array.dtype, np.floating) else array)
-            for name, array in arrays.items()}
+    return {name: array.astype(np.float32) if jnp.issubdtype(array.dtype, jnp.floating)
+            else array for name, array in arrays.items()}
 
 
 @jax.tree_util.register_dataclass
