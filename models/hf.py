@@ -318,13 +318,13 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False, *,
         is off; True or False decide for any checkpoint.
       mtp: also return the checkpoint's MTP drafter (refused when it has none).
     """
-    if mtp:
+    if mtp:  # refused before the target is read, not after
         from specjax_models.published_drafters import load_drafter
 
-        target = from_pretrained(path, dtype, scan_layers, cache=cache)
         if not any(name.startswith(MTP_PREFIX) for name in checkpoint_files(Path(path))):
             raise ValueError(f"{path} carries no multi-token-prediction module "
                              f"({MTP_PREFIX}* tensors); load it without mtp=True")
+        target = from_pretrained(path, dtype, scan_layers, cache=cache)
         return target, load_drafter(path, target)
     path = Path(path)
     if not (path / "config.json").exists():

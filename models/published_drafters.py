@@ -206,7 +206,7 @@ def load_drafter(directory: str | Path, target: specjax.CausalLM, *,
     embedding = embedding_and_head(target)[0]
     target_head = lambda: embedding_and_head(target)[1]  # noqa: E731
     if layout == "medusa1":
-        return _medusa(config, weights, embedding.shape, method or "greedy")
+        return _medusa(weights, embedding.shape, method or "greedy")
     if layout == "mimo-mtp":
         return _mimo_mtp(config, weights, target, embedding, target_head(), method or "sample")
     return _eagle(layout, config, weights, target, embedding, target_head, method or "sample",
@@ -376,22 +376,25 @@ def _draft_vocabulary(weights: _Weights, config: dict, layer: dict, vocab_size: 
 
 # ----------------------------------------------------------------------- Medusa
 
-def _medusa(config: dict, weights: _Weights, target_shape: tuple, method: str) -> Medusa:
+def _medusa(weights: _Weights, target_shape: tuple, method: str) -> Medusa:
     """Medusa-1: head i = L ResBlocks then an own LM head (keys with or without the
     `medusa_head.` prefix: the full model's state dict, or `medusa_head.state_dict()` as
-    `medusa_lm_head.pt` holds)."""
+    `medusa_lm_head.pt` holds). The heads and blocks are counted from the tensors: the
+    authors' uploaded configs may name fewer heads than the weights hold (their loader
+    overrides `medusa_num_heads`)."""
     prefix = "medusa_head." if any(n.startswith("medusa_head.") for n in weights.names) \
         else ""
     found = {int(n[len(prefix):].split(".")[0]) for n in weights.names
              if n.startswith(prefix) and n[len(prefix):].split(".")[0].isdigit()}
-    heads = int(config.get("medusa_num_heads") or len(found))
-    layers = int(config.get("medusa_num_layers") or 1)
+    heads = len(found)
     if found != set(range(heads)):
-        # The authors' own config for Vicuna-7B names 5 heads for weights of 5 or fewer.
-        heads = max(found) + 1 if found == set(range(max(found) + 1)) else heads
-        if found != set(range(heads)):
-            raise ValueError(f"{weights.directory}: Medusa heads {sorted(found)} are not "
-                             f"0 ... {heads - 1}; {REMEDY}")
+        raise ValueError(f"{weights.directory}: Medusa heads {sorted(found)} are not "
+                         f"0 ... {heads - 1}; {REMEDY}")
+    layers = sum(1 for n in weights.names if n.startswith(f"{prefix}0.")
+                 and n.endswith(".linear.weight"))
+    if not layers:
+        raise ValueError(f"{weights.directory}: Medusa head 0 has no ResBlock "
+                         f"({prefix}0.0.linear.weight); {REMEDY}")
     vocab, d_model = target_shape
     w, b, own = [], [], []
     for i in range(heads):
