@@ -65,6 +65,25 @@ def alternating_times(calls: dict, reps: int) -> dict:
     return times
 
 
+def alternating_passes(decoders: dict, batches: list, reps: int):
+    """Every decoder (`run(batch, seed) -> (tokens, stats)`) over all `batches`, in
+    `reps` + 1 alternating passes (pass 0 compiles and is not timed): `(seconds per
+    decoder [reps], tokens generated per decoder, the last pass's stats per decoder)`."""
+    seconds = {name: [] for name in decoders}
+    tokens, stats = {}, {}
+    for rep in range(reps + 1):
+        for name, run in decoders.items():
+            total, count, parts = 0.0, 0, []
+            for index, batch in enumerate(batches):
+                (n, part), s = timed_call(lambda r=run, b=batch, i=index: r(b, i))
+                total, count = total + s, count + n
+                parts.append(part)
+            if rep:
+                seconds[name].append(total)
+            tokens[name], stats[name] = count, parts
+    return seconds, tokens, stats
+
+
 def median(values) -> float:
     return float(statistics.median(values))
 

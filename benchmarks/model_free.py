@@ -31,7 +31,13 @@ import numpy as np
 
 import specjax
 import specjax_models
-from benchmarks.common import RESULTS, machine_record, median, write_results
+from benchmarks.common import (
+    RESULTS,
+    alternating_passes,
+    machine_record,
+    median,
+    write_results,
+)
 from benchmarks.real import ours
 from benchmarks.real_prompts import PROMPTS
 from specjax.datastore import Datastore
@@ -103,25 +109,6 @@ def add_ideal(row: dict, costs: dict) -> None:
         v = verify_cost(row["nodes_per_step"], costs)
         row.update(verify_cost=v, ideal=row["tau"] / v,
                    efficiency=row["speedup"] / (row["tau"] / v))
-
-
-def alternating_passes(decoders: dict, batches: list, reps: int):
-    """Every decoder (`run(batch, seed) -> (tokens, stats)`) over all `batches`, in
-    `reps` + 1 alternating passes (pass 0 compiles and is not timed): `(seconds per
-    decoder [reps], tokens generated per decoder, the last pass's stats per decoder)`."""
-    seconds = {name: [] for name in decoders}
-    tokens, stats = {}, {}
-    for rep in range(reps + 1):
-        for name, run in decoders.items():
-            total, count, parts = 0.0, 0, []
-            for index, batch in enumerate(batches):
-                (n, part), s = wall_seconds(lambda r=run, b=batch, i=index: r(b, i))
-                total, count = total + s, count + n
-                parts.append(part)
-            if rep:
-                seconds[name].append(total)
-            tokens[name], stats[name] = count, parts
-    return seconds, tokens, stats
 
 
 def main() -> None:

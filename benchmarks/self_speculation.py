@@ -28,14 +28,14 @@ import numpy as np
 
 import specjax
 import specjax_models
-from benchmarks.common import RESULTS, machine_record, median, write_results
-from benchmarks.model_free import (
-    CACHE_SIZE,
-    MODES,
+from benchmarks.common import (
+    RESULTS,
     alternating_passes,
-    verify_cost,
-    verify_costs,
+    machine_record,
+    median,
+    write_results,
 )
+from benchmarks.model_free import CACHE_SIZE, MODES, verify_cost, verify_costs
 from benchmarks.real import ours
 from benchmarks.real_prompts import PROMPTS
 from specjax.drafters import AdaptiveLength, LayerSkip
