@@ -365,7 +365,7 @@ def test_a_pickled_file_without_torch_is_refused_with_the_conversion(tiny_lm, tm
                                                                     monkeypatch):
     import sys
 
-    directory = write_synthetic_drafter(tmp_path, "medusa1", shape())
+    directory = write_synthetic_drafter(tmp_path / "medusa", "medusa1", shape())
     torch.save({k: v.float() for k, v in tensors(directory).items()},
                directory / "pytorch_model.bin")
     (directory / "model.safetensors").unlink()
