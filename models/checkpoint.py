@@ -15,7 +15,7 @@ from flax import nnx
 
 import specjax
 from specjax.files import damaged, read_json, write_json_atomically
-from specjax_models.transformer import Transformer, TransformerConfig, dtype_name
+from specjax_models.transformer import TransformerConfig, abstract_transformer, dtype_name
 
 
 def config_to_dict(config: TransformerConfig) -> dict:
@@ -93,7 +93,7 @@ def load_checkpoint(path: str | Path, dtype=None,
         name = dtype_name(dtype)
         config = dataclasses.replace(config, dtype=name, param_dtype=name)
         restored = jax.tree.map(lambda x: x.astype(config.storage_dtype), restored)
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))),
+    graphdef, params = nnx.split(abstract_transformer(config),
                                  nnx.Param)
     _check_against_config(path, restored, nnx.to_pure_dict(params))
     nnx.replace_by_pure_dict(params, restored)

@@ -35,7 +35,12 @@ from specjax_models.gguf_layout import check_gguf_layout
 from specjax_models.hf import config_from_hf
 from specjax_models.hf_tokenizer import HFTokenizer
 from specjax_models.model_cache import cached_model, cached_tokenizer
-from specjax_models.transformer import ParamFiller, Transformer, TransformerConfig, dtype_name
+from specjax_models.transformer import (
+    ParamFiller,
+    TransformerConfig,
+    abstract_transformer,
+    dtype_name,
+)
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -224,7 +229,7 @@ def _convert_gguf(path: Path, dtype, scan_layers: bool):
     config = dataclasses.replace(config_from_gguf(meta, set(tensors), dtype),
                                  scan_layers=bool(scan_layers))
     permute = meta["general.architecture"] == "llama"  # qwen2 files are not permuted
-    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    abstract = abstract_transformer(config)
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
     filler = ParamFiller(abstract_params, config.storage_dtype)
     mapping = _weight_map(config)

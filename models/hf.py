@@ -39,6 +39,7 @@ from specjax_models.transformer import (
     ParamFiller,
     Transformer,
     TransformerConfig,
+    abstract_transformer,
     dtype_name,
     per_layer_params,
 )
@@ -350,7 +351,7 @@ def _convert_pretrained(path: Path, hf_config: dict, file_of: dict, dtype, scan_
     config = dataclasses.replace(config_from_hf(hf_config, dtype),
                                  scan_layers=bool(scan_layers))
     available = set(file_of)
-    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    abstract = abstract_transformer(config)
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
     filler = ParamFiller(abstract_params, config.storage_dtype)
     mapping = _weight_map(config, available)

@@ -188,10 +188,10 @@ def _load_weights(path: Path, config, scan_layers: bool) -> specjax.CausalLM:
 def _build(arrays: dict, config, scan_layers: bool) -> specjax.CausalLM:
     from flax import nnx
 
-    from specjax_models.transformer import ParamFiller, Transformer
+    from specjax_models.transformer import ParamFiller, abstract_transformer
 
     config = dataclasses.replace(config, scan_layers=bool(scan_layers))
-    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    abstract = abstract_transformer(config)
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
     filler = ParamFiller(abstract_params, config.storage_dtype)
     for name, _ in filler.targets():

@@ -758,6 +758,29 @@ class Transformer(nnx.Module):
         return logits_BTV, hidden_BTD, new_cache
 
 
+class _ShapeOnlyKeys:
+    """Stands in for `nnx.Rngs` while a module is built only for its shapes: the same key
+    for every initialiser. Inside `nnx.eval_shape` each draw from a real `nnx.Rngs`
+    updates its counter, and flax's update probes the traced counter in a way that costs
+    the length of the whole trace so far: quadratic in the parameters (SmolLM2: 0.52 s,
+    against 0.16 s with this)."""
+
+    def __init__(self):
+        self._key = jax.random.key(0)
+
+    def params(self) -> Array:
+        return self._key
+
+    def __call__(self) -> Array:
+        return self._key
+
+
+def abstract_transformer(config: TransformerConfig) -> Transformer:
+    """The model's structure with `jax.ShapeDtypeStruct` parameters (nothing allocated),
+    for loaders to fill with real weights."""
+    return nnx.eval_shape(lambda: Transformer(config, rngs=_ShapeOnlyKeys()))
+
+
 def count_params(model_or_state) -> int:
     """Number of parameters of an NNX module (or of a params state / abstract state)."""
     state = model_or_state
@@ -821,7 +844,7 @@ def select_layers(model, layers, draft_vocab=None):
         draft_vocab_ids(draft_vocab, source_config.vocab_size))
     config = select_layers_config(source_config, layers, ids)
     chosen = np.asarray(layers, np.int64)
-    shallow = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    shallow = abstract_transformer(config)
     flat_source = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     updated = []
     for path, _ in nnx.to_flat_state(nnx.state(shallow, nnx.Param)):
@@ -860,7 +883,7 @@ def with_attention_blocks(model, block_size: int | None = None, query_block: int
                                                 ("attention_query_block", query_block))
                if value is not None}
     config = dataclasses.replace(model.config, **changes)
-    rebuilt = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    rebuilt = abstract_transformer(config)
     nnx.update(rebuilt, nnx.state(model, nnx.Param))
     return rebuilt
 
