@@ -18,8 +18,9 @@ import sys
 
 from specjax.cli import chat, datastore, demo, generate, train, train_drafter
 from specjax.cli.common import CliError, compilation_cache
+from specjax.cli.process import QUICK_COMMANDS, exit_now, pause_garbage_collection
 
-__all__ = ["CliError", "build_parser", "main"]
+__all__ = ["CliError", "build_parser", "main", "run"]
 
 # In `specjax --help` order.
 COMMANDS = (demo, generate, chat, train, train_drafter, datastore)
@@ -64,3 +65,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `specjax generate ... | head`
         return 0
+
+
+def run() -> None:
+    """The `specjax` script: `main()` on the command line's arguments; the one-shot
+    decoding commands start with garbage collection paused and end without the
+    interpreter's teardown (`specjax.cli.process` says why)."""
+    argv = sys.argv[1:]
+    quick = bool(argv) and argv[0] in QUICK_COMMANDS
+    if quick:
+        pause_garbage_collection()
+    code = main(argv)
+    if quick:
+        exit_now(code)
+    sys.exit(code)

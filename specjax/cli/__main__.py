@@ -1,7 +1,5 @@
 """`python -m specjax.cli ...`, the same as the `specjax` script."""
 
-import sys
+from specjax.cli import run
 
-from specjax.cli import main
-
-sys.exit(main())
+run()

@@ -10,6 +10,8 @@ import os
 import sys
 import time
 
+from specjax.cli.process import resume_garbage_collection
+
 DRAFT_COLOUR, TARGET_COLOUR, DIM, RESET = "\033[32m", "\033[33m", "\033[2m", "\033[0m"
 PROMPT_END_MARKER = " >>> "  # where the prompt ends, when there are no colours to show it
 COLOUR_HELP = "colour the streamed text: auto (when stdout is a terminal), always, never"
@@ -69,6 +71,7 @@ def stream_text(target, drafter, prompt_ids, args, sampling, key, paint, eos_id,
         if first_seconds is None:
             first_seconds = time.perf_counter() - start
             first_tokens = len(chunk.tokens[0])
+            resume_garbage_collection()  # compiled: see specjax.cli.process
         for token, drafted in zip(chunk.tokens[0], chunk.from_draft[0], strict=True):
             if on_token is not None:
                 on_token(token)

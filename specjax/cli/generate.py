@@ -29,6 +29,7 @@ from specjax.cli.loading import (
     trained_length,
     validate_decoding,
 )
+from specjax.cli.process import resume_garbage_collection
 
 
 def register(sub) -> None:
@@ -177,6 +178,7 @@ def run(args) -> int:
     if args.json or not speculative:
         # Compile on a 1-token request with the same shapes, then time the real one.
         _, compile_seconds = wall_seconds(lambda: decode(1))
+        resume_garbage_collection()  # compiled: see specjax.cli.process
         out, seconds = wall_seconds(lambda: decode(args.max_new_tokens))
         length = int(np.asarray(out.lengths)[0])
         tokens = np.asarray(out.tokens)[0, :length].tolist()
