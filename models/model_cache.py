@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -35,12 +36,13 @@ import numpy as np
 
 import specjax
 from specjax.compilation_cache import OFF_VALUES
-from specjax.files import damaged
+from specjax_models.safetensors_layout import tensor_views
 
 ENV_VAR = "SPECJAX_MODEL_CACHE"
 FORMAT_VERSION = 1
 HEADER_BYTES = 1 << 20  # the part of a source file hashed into its key
 ENTRY = "entry.json"
+WEIGHTS = "weights.safetensors"
 
 
 def default_model_cache_dir() -> Path:
@@ -78,20 +80,33 @@ def _crc32(path: Path) -> int:
     return crc
 
 
-def _verified(folder: Path) -> bool:
-    """True when the entry's record is whole and every file matches its size and CRC-32;
-    a damaged entry is removed (so the caller rebuilds it)."""
+def _verified(folder: Path, mapped: tuple[str, ...] = ()) -> dict[str, mmap.mmap] | None:
+    """The entry's files named in `mapped`, memory-mapped, when the entry's record is whole
+    and every file matches its size and CRC-32 (the mapped ones are read once, for the
+    check, and the caller reads them from the page cache without a copy); else None, and
+    the damaged entry is removed (so the caller rebuilds it)."""
+    maps: dict[str, mmap.mmap] = {}
     try:
         record = json.loads((folder / ENTRY).read_text())
         files = record["files"]
-        good = record.get("format") == FORMAT_VERSION and all(
-            (folder / name).stat().st_size == meta["size"] and _crc32(folder / name) ==
-            meta["crc32"] for name, meta in files.items())
+        good = record.get("format") == FORMAT_VERSION and set(mapped) <= set(files)
+        for name, meta in files.items():
+            if not good:
+                break
+            path = folder / name
+            if name in mapped:
+                with open(path, "rb") as handle:
+                    maps[name] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+                content = maps[name]
+                good = len(content) == meta["size"] and zlib.crc32(content) == meta["crc32"]
+            else:
+                good = path.stat().st_size == meta["size"] and _crc32(path) == meta["crc32"]
     except (OSError, ValueError, KeyError, TypeError):
         good = False
     if not good:
         shutil.rmtree(folder, ignore_errors=True)
-    return good
+        return None
+    return maps
 
 
 def _publish(folder: Path, write: Callable[[Path], None]) -> None:
@@ -153,10 +168,11 @@ def cached_model(kind: str, sources: list[Path], options: dict, build: Callable,
     pending = _WRITING.get(folder)
     if pending is not None:  # this process is still writing it
         pending.join()
-    if (folder / ENTRY).exists() and _verified(folder):
+    maps = _verified(folder, mapped=(WEIGHTS,)) if (folder / ENTRY).exists() else None
+    if maps is not None:
         fields = json.loads((folder / "config.json").read_text())
         config = TransformerConfig(**dict(fields, scan_layers=False))
-        return _load_weights(folder / "weights.safetensors", config, scan_layers)
+        return _build(tensor_views(folder / WEIGHTS, maps[WEIGHTS]), config, scan_layers)
     lm, config = build(scan_layers)
 
     def write(staging: Path) -> None:
@@ -167,22 +183,11 @@ def cached_model(kind: str, sources: list[Path], options: dict, build: Callable,
 
         flat = {".".join(str(p) for p in key): np.asarray(leaf.get_value())
                 for key, leaf in nnx.to_flat_state(lm.params)}
-        save_file(per_layer_params(flat), str(staging / "weights.safetensors"))
+        save_file(per_layer_params(flat), str(staging / WEIGHTS))
         (staging / "config.json").write_text(json.dumps(dataclasses.asdict(config)))
 
     _write_in_background(folder, write)
     return lm
-
-
-def _load_weights(path: Path, config, scan_layers: bool) -> specjax.CausalLM:
-    from safetensors.numpy import load_file
-
-    try:
-        arrays = load_file(str(path))
-    except Exception as error:  # verified just before: only a concurrent deletion gets here
-        raise damaged(path, f"cannot be read ({error})", "delete the model cache entry") \
-            from None
-    return _build(arrays, config, scan_layers)
 
 
 def _build(arrays: dict, config, scan_layers: bool) -> specjax.CausalLM:
@@ -206,7 +211,7 @@ def cached_tokenizer(kind: str, sources: list[Path], build: Callable, cache: boo
     if not model_cache_enabled(cache):
         return build()
     folder = default_model_cache_dir() / f"{kind}-{source_key(kind, sources, {})}"
-    if (folder / ENTRY).exists() and _verified(folder):
+    if (folder / ENTRY).exists() and _verified(folder) is not None:
         from tokenizers import Tokenizer
 
         meta = json.loads((folder / "tokenizer_meta.json").read_text())

@@ -14,10 +14,19 @@ import json
 import struct
 from pathlib import Path
 
+import ml_dtypes
+import numpy as np
+
 # safetensors dtype -> bytes per element.
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8,
                "F64": 8}
+# safetensors dtype -> numpy dtype, for the ones `tensor_views` maps.
+NUMPY_DTYPES = {"BOOL": np.dtype(bool), "U8": np.dtype(np.uint8), "I8": np.dtype(np.int8),
+                "I16": np.dtype("<i2"), "U16": np.dtype("<u2"), "F16": np.dtype("<f2"),
+                "BF16": np.dtype(ml_dtypes.bfloat16), "I32": np.dtype("<i4"),
+                "U32": np.dtype("<u4"), "F32": np.dtype("<f4"), "I64": np.dtype("<i8"),
+                "U64": np.dtype("<u8"), "F64": np.dtype("<f8")}
 MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit
 REDOWNLOAD = "download it again"
 
@@ -34,14 +43,48 @@ def check_safetensors(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]
             raise ValueError(f"{path} is truncated: {file_size} bytes, less than a "
                              f"safetensors header; {REDOWNLOAD}")
         (header_bytes,) = struct.unpack("<Q", handle.read(8))
-        if header_bytes > MAX_HEADER_BYTES:
-            raise ValueError(f"{path} is not a safetensors file (its first 8 bytes give a "
-                             f"{header_bytes}-byte header); {REDOWNLOAD}")
-        if 8 + header_bytes > file_size:
-            raise ValueError(f"{path} is truncated: its header alone needs "
-                             f"{8 + header_bytes} bytes, the file has {file_size}; "
-                             f"{REDOWNLOAD}")
+        _check_header_length(path, header_bytes, file_size)
         raw = handle.read(header_bytes)
+    layout = _layout(path, raw, header_bytes, file_size)
+    return {name: (dtype, shape) for name, (dtype, shape, _, _) in layout.items()}
+
+
+def tensor_views(path: str | Path, data) -> dict[str, np.ndarray]:
+    """`{tensor name: array}` of the safetensors file `path` whose bytes are `data` (any
+    buffer, e.g. an `mmap` of the file): each array is a view into `data`, nothing is
+    copied; the header is checked as `check_safetensors` checks it."""
+    path = Path(path)
+    view = memoryview(data)
+    if len(view) < 8:
+        raise ValueError(f"{path} is truncated: {len(view)} bytes, less than a safetensors "
+                         f"header; {REDOWNLOAD}")
+    (header_bytes,) = struct.unpack("<Q", view[:8])
+    _check_header_length(path, header_bytes, len(view))
+    layout = _layout(path, bytes(view[8:8 + header_bytes]), header_bytes, len(view))
+    arrays = {}
+    for name, (dtype, shape, begin, end) in layout.items():
+        if dtype not in NUMPY_DTYPES:
+            raise ValueError(f"{path}: tensor {name!r} holds {dtype}, which has no numpy "
+                             "dtype here")
+        start = 8 + header_bytes + begin
+        arrays[name] = np.frombuffer(view[start:8 + header_bytes + end],
+                                     dtype=NUMPY_DTYPES[dtype]).reshape(shape)
+    return arrays
+
+
+def _check_header_length(path: Path, header_bytes: int, file_size: int) -> None:
+    if header_bytes > MAX_HEADER_BYTES:
+        raise ValueError(f"{path} is not a safetensors file (its first 8 bytes give a "
+                         f"{header_bytes}-byte header); {REDOWNLOAD}")
+    if 8 + header_bytes > file_size:
+        raise ValueError(f"{path} is truncated: its header alone needs "
+                         f"{8 + header_bytes} bytes, the file has {file_size}; "
+                         f"{REDOWNLOAD}")
+
+
+def _layout(path: Path, raw: bytes, header_bytes: int, file_size: int
+            ) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
+    """`{name: (dtype, shape, begin, end)}` from a header, every entry checked."""
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -69,7 +112,7 @@ def check_safetensors(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]
             raise ValueError(f"{path} is damaged: tensor {name!r} ({dtype}, shape {shape}) "
                              f"needs {elements * DTYPE_BYTES[dtype]} bytes but its offsets "
                              f"span {end - begin}; {REDOWNLOAD}")
-        tensors[name] = (dtype, shape)
+        tensors[name] = (dtype, shape, begin, end)
         data_end = max(data_end, end)
     needed = 8 + header_bytes + data_end
     if needed > file_size:

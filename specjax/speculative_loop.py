@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
+from specjax.background_compile import while_compiling
 from specjax.causal_lm import CausalLM, prefill
 from specjax.drafters.base import drafter_key
 from specjax.drafters.draft_model import DraftModel
@@ -155,6 +156,19 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
     Returns `(state, drafter)`; pass both to `speculative_step` with
     `SpeculativeConfig(num_draft_tokens=..., sampling=..., tree=...)`.
     """
+    return _init_speculative_state(
+        target, draft, prompts, max_new_tokens=max_new_tokens,
+        num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
+        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree)
+
+
+def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: int,
+                            num_draft_tokens, sampling, key, eos_id, prompt_lengths,
+                            cache_size, tree, then_compile: Callable | None = None
+                            ) -> tuple[SpeculativeState, Any]:
+    """`init_speculative_state`; with `then_compile(state_shapes, drafter)`, which lowers
+    and compiles the program that will take the state, that runs in a background thread
+    while the prefill compiles and runs (`specjax.background_compile`)."""
     config = speculative_config(num_draft_tokens, sampling, tree, draft)
     tree = config.tree
     drafter = as_drafter(draft)
@@ -165,10 +179,16 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
                                              cache_size=cache_size)
     for row_sampling in distinct_configs(sampling):
         drafter.check(target, row_sampling)
-    state = _init_state(target, drafter, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
-                        resolve_key(key, sampling), jnp.int32(max_new_tokens), jnp.asarray(eos_ids),
-                        capacity=capacity, num_draft_tokens=config.num_draft_tokens,
-                        drafter_type=drafter_key(drafter))
+    prefill_args = (target, drafter, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
+                    resolve_key(key, sampling), jnp.int32(max_new_tokens), jnp.asarray(eos_ids))
+    prefill_static = dict(capacity=capacity, num_draft_tokens=config.num_draft_tokens,
+                          drafter_type=drafter_key(drafter))
+    compile_next = None
+    if then_compile is not None:
+        # The prefill's trace, shared with its call below: only the shapes are needed.
+        shapes = _init_state.eval_shape(*prefill_args, **prefill_static)
+        compile_next = functools.partial(then_compile, shapes, drafter)
+    state = while_compiling(compile_next, lambda: _init_state(*prefill_args, **prefill_static))
     return state, drafter
 
 
@@ -197,15 +217,27 @@ def _generated_tokens(state: SpeculativeState, pad_id: Array) -> Array:
 
 def start_decoding(target: CausalLM, draft, prompts, *, max_new_tokens: int,
                    num_draft_tokens, sampling, key, eos_id, prompt_lengths, pad_id,
-                   cache_size, tree):
+                   cache_size, tree, program=None):
     """What `speculative_generate` and `speculative_stream` do before their first step:
-    `(config, pad_id, state, drafter)`, every input checked and both models prefilled."""
+    `(config, pad_id, state, drafter)`, every input checked and both models prefilled.
+
+    `program` (`_speculative_loop` or `step.compiled_step`): the jitted program the
+    caller runs next, as `program(target, drafter, state, compile_key(config, params),
+    params, drafter_type=...)`; it is compiled while the prefill runs."""
     config = speculative_config(num_draft_tokens, sampling, tree, draft)
     pad_id = check_pad_id(pad_id)
-    state, drafter = init_speculative_state(
+    then_compile = None
+    if program is not None:
+        def then_compile(state_shapes, drafter):
+            params = sampling_params(config.sampling, state_shapes.lengths.shape[0])
+            program.lower(target, drafter, state_shapes, compile_key(config, params), params,
+                          drafter_type=drafter_key(drafter)).compile()
+
+    state, drafter = _init_speculative_state(
         target, draft, prompts, max_new_tokens=max_new_tokens,
         num_draft_tokens=config.num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
-        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=config.tree)
+        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=config.tree,
+        then_compile=then_compile)
     return config, pad_id, state, drafter
 
 
@@ -253,7 +285,8 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
     config, pad_id, state, drafter = start_decoding(
         target, draft, prompts, max_new_tokens=max_new_tokens,
         num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
-        prompt_lengths=prompt_lengths, pad_id=pad_id, cache_size=cache_size, tree=tree)
+        prompt_lengths=prompt_lengths, pad_id=pad_id, cache_size=cache_size, tree=tree,
+        program=_speculative_loop)
     params = sampling_params(config.sampling, state.lengths.shape[0])
     state = _speculative_loop(target, drafter, state, compile_key(config, params), params,
                               drafter_type=drafter_key(drafter))

@@ -67,7 +67,8 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
     config, pad_id, state, drafter = start_decoding(
         target, draft, prompts, max_new_tokens=max_new_tokens,
         num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
-        prompt_lengths=prompt_lengths, pad_id=pad_id, cache_size=cache_size, tree=tree)
+        prompt_lengths=prompt_lengths, pad_id=pad_id, cache_size=cache_size, tree=tree,
+        program=compiled_step)
     # A step commits at most one token per accepted depth, plus one.
     tree = config.tree  # the drafter's own (lookahead, retrieval) when none is given
     width = (config.num_draft_tokens if tree is None else tree.max_depth) + 1

@@ -130,6 +130,31 @@ def test_a_truncated_safetensors_file_is_refused_at_every_offset(good_hf, tmp_pa
                 model / "model.safetensors", "truncated")
 
 
+def test_tensor_views_read_every_dtype_without_a_copy_and_refuse_a_cut_buffer(tmp_path):
+    import ml_dtypes
+    from safetensors.numpy import load_file, save_file
+
+    from specjax_models.safetensors_layout import tensor_views
+
+    rng = np.random.default_rng(0)
+    tensors = {"f32": rng.normal(size=(3, 5)).astype(np.float32),
+               "bf16": rng.normal(size=(7,)).astype(ml_dtypes.bfloat16),
+               "f16": rng.normal(size=(2, 2, 2)).astype(np.float16),
+               "i32": np.arange(6, dtype=np.int32).reshape(2, 3)}
+    path = tmp_path / "w.safetensors"
+    save_file(tensors, str(path))
+    data = bytearray(path.read_bytes())
+    views = tensor_views(path, data)
+    expected = load_file(str(path))
+    assert set(views) == set(expected)
+    for name, array in views.items():
+        assert array.dtype == expected[name].dtype and array.shape == expected[name].shape
+        np.testing.assert_array_equal(array, expected[name])
+        assert np.shares_memory(array, np.frombuffer(data, np.uint8))  # a view, not a copy
+    refused(lambda file: tensor_views(file, data[:-3]), path, "truncated")
+    refused(lambda file: tensor_views(file, data[:6]), path, "truncated")
+
+
 @pytest.mark.parametrize("offset, new, message", [
     (7, b"\x7f", "not a safetensors file"),  # the header length's top byte
     (8, b"[", "header is not"),  # its JSON
