@@ -50,7 +50,7 @@ _SOURCES = {
     "TreeBudget": "specjax.trees",
     "TreeShape": "specjax.trees",
 }
-_MODULES = ("analysis", "datastore", "drafters", "layer_search")
+_MODULES = ("analysis", "datastore", "drafters", "layer_search", "sharding")
 
 __all__ = [
     "GREEDY",
@@ -86,6 +86,7 @@ __all__ = [
     "probabilities",
     "sample_tokens",
     "sampling_params",
+    "sharding",
     "speculative_generate",
     "speculative_step",
     "speculative_stream",

@@ -1,0 +1,120 @@
+"""A Transformer's parameters and caches placed on a `jax.sharding.Mesh` by
+`specjax.sharding` rules.
+
+Every parameter has logical axes by its name (`param_axes`): the q/k/v projections split
+their output columns by heads ("heads", "kv_heads"), the output projection its input rows,
+the MLP's gate/up columns and down rows by "mlp", the embedding and LM head by "vocab";
+norms are replicated. With `TENSOR_PARALLEL` this is Megatron's layout: each attention
+block and each MLP computes its part locally and ends in one all-reduce. The KV cache is
+("batch", "kv_heads", "cache_slots", None) per layer, so each device keeps the keys and
+values of its own heads (tensor parallel) or rows (data parallel).
+
+`shard(lm, mesh, rules)` returns the CausalLM with its parameters placed (each array
+moved to its shards; on a single host nothing is gathered on one device) and a cache
+factory that creates the cache sharded, so every decoder (`generate`,
+`speculative_generate`, `speculative_stream`, `jitted_step`) runs under the mesh by
+jit's propagation from these arrays; a drafter that is not sharded is replicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh
+
+import specjax
+from specjax.sharding import ShardingRules, check_mesh, named_sharding
+
+# The last name parts of a parameter -> its logical axes (without the [L] axis of a
+# scanned model).
+_AXES = {
+    ("embed", "embedding"): ("vocab", "embed"),
+    ("position_embed", "embedding"): (None, "embed"),
+    ("lm_head", "kernel"): ("embed", "vocab"),
+    ("q_proj", "kernel"): ("embed", "heads"), ("q_proj", "bias"): ("heads",),
+    ("k_proj", "kernel"): ("embed", "kv_heads"), ("k_proj", "bias"): ("kv_heads",),
+    ("v_proj", "kernel"): ("embed", "kv_heads"), ("v_proj", "bias"): ("kv_heads",),
+    ("o_proj", "kernel"): ("heads", "embed"), ("o_proj", "bias"): ("embed",),
+    ("gate_proj", "kernel"): ("embed", "mlp"), ("gate_proj", "bias"): ("mlp",),
+    ("up_proj", "kernel"): ("embed", "mlp"), ("up_proj", "bias"): ("mlp",),
+    ("down_proj", "kernel"): ("mlp", "embed"), ("down_proj", "bias"): ("embed",),
+}
+CACHE_AXES = ("batch", "kv_heads", "cache_slots", None)
+
+
+def param_axes(path: tuple, ndim: int, scanned: bool) -> tuple[str | None, ...]:
+    """The logical axes of the parameter at `path` (nnx state keys) with `ndim` dims."""
+    names = tuple(str(p) for p in path)
+    axes = _AXES.get(names[-2:])
+    if axes is None:
+        if names[-1] not in ("weight", "bias", "scale"):  # anything else: refuse, not guess
+            raise ValueError(f"no sharding rule for parameter {'.'.join(names)}")
+        axes = (None,) * (ndim - int(scanned))  # norms (and q/k norms): replicated
+    if scanned and names[0] == "layers":
+        axes = ("layers",) + axes
+    if len(axes) != ndim:
+        raise ValueError(f"parameter {'.'.join(names)} has {ndim} dims, its rule {axes}")
+    return axes
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShardedInitCache:
+    """A cache factory whose caches are created sharded (inside jit: a constraint)."""
+
+    inner: Any
+    mesh: Mesh
+    rules: ShardingRules
+
+    def __call__(self, params, batch: int, max_len: int):
+        cache = self.inner(params, batch, max_len)
+        constrain = lambda array, axes, what: jax.lax.with_sharding_constraint(
+            array, named_sharding(self.mesh, self.rules, axes, array.shape, what))
+        if isinstance(cache.keys, tuple):
+            keys = tuple(constrain(k, CACHE_AXES, "the KV cache") for k in cache.keys)
+            values = tuple(constrain(v, CACHE_AXES, "the KV cache") for v in cache.values)
+        else:  # scanned: [L, B, K, S, H]
+            keys = constrain(cache.keys, ("layers",) + CACHE_AXES, "the KV cache")
+            values = constrain(cache.values, ("layers",) + CACHE_AXES, "the KV cache")
+        positions = constrain(cache.positions, ("batch", "cache_slots"), "the cache positions")
+        return type(cache)(keys, values, positions)
+
+
+def shard(lm: specjax.CausalLM, mesh: Mesh, rules: ShardingRules) -> specjax.CausalLM:
+    """`lm` (a CausalLM of a `specjax_models.Transformer`) with its parameters placed on
+    `mesh` by `rules` and caches created sharded. A dimension that does not divide by its
+    mesh axis is refused, naming the parameter and the dimension; so are rules that name
+    an axis the mesh lacks."""
+    check_mesh(mesh, rules)
+    if not isinstance(lm, specjax.CausalLM) or not hasattr(lm.apply_fn, "graphdef") \
+            or not hasattr(lm.init_cache_fn, "graphdef"):
+        raise TypeError("shard expects a CausalLM of a specjax_models.Transformer "
+                        "(CausalLM.from_nnx)")
+    module_config = getattr(nnx.merge(lm.apply_fn.graphdef, lm.params), "config", None)
+    if not hasattr(module_config, "num_kv_heads"):
+        raise TypeError("shard expects a CausalLM of a specjax_models.Transformer")
+    _check_heads(module_config, mesh, rules)
+    scanned = bool(module_config.scan_layers)
+    placed = []
+    for path, leaf in nnx.to_flat_state(lm.params):
+        value = leaf.get_value()
+        what = "parameter " + ".".join(str(p) for p in path)
+        sharding = named_sharding(mesh, rules, param_axes(path, value.ndim, scanned),
+                                  value.shape, what)
+        placed.append((path, leaf.replace(jax.device_put(value, sharding))))
+    return dataclasses.replace(lm, params=nnx.from_flat_state(placed),
+                               init_cache_fn=_ShardedInitCache(lm.init_cache_fn, mesh, rules))
+
+
+def _check_heads(config, mesh: Mesh, rules: ShardingRules) -> None:
+    """Heads split whole: the projections' columns divide only if the head counts do."""
+    for logical, count, name in (("heads", config.num_heads, "num_heads"),
+                                 ("kv_heads", config.num_kv_heads, "num_kv_heads")):
+        axis = getattr(rules, logical)
+        if axis is not None and count % mesh.shape[axis]:
+            raise ValueError(f"the model's {name} ({count}) does not divide by the mesh axis "
+                             f"{axis!r} ({mesh.shape[axis]} devices): heads are split "
+                             "whole; choose a smaller axis or rules that do not split "
+                             f"{logical}")

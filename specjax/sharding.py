@@ -1,0 +1,132 @@
+"""Sharding over a `jax.sharding.Mesh`: logical axis names and the rules that map them to
+mesh axes, the way MaxText and the jax-llm-examples models name theirs.
+
+Arrays are described by logical axes (`LOGICAL_AXES`): a parameter of shape [D, N*H] is
+("embed", "heads"), a KV cache [B, K, S, H] is ("batch", "kv_heads", "cache_slots",
+None). A `ShardingRules` maps each logical axis to a mesh axis or to None (replicated);
+`NamedSharding`s follow, and jit's GSPMD partitioner inserts the collectives. Presets:
+
+- `DATA_PARALLEL`: rows split over the mesh axis "data"; every weight replicated.
+- `TENSOR_PARALLEL` (Megatron): attention heads, KV heads and the MLP's hidden columns
+  split over "model", so each attention block and each MLP ends in one all-reduce; the
+  vocabulary of the embedding and the LM head split too.
+- `DATA_AND_TENSOR`: both, on a mesh with axes ("data", "model").
+
+Nothing changes without a mesh: a model that was never sharded runs on one device as
+before. `specjax_models.shard(lm, mesh, rules)` places a model's parameters and makes
+its caches sharded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+LOGICAL_AXES = ("batch", "vocab", "embed", "heads", "kv_heads", "mlp", "cache_slots",
+                "layers")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRules:
+    """Logical axis -> mesh axis name (or None: replicated), e.g.
+    `ShardingRules(batch="data", heads="model")`; axes not named are replicated."""
+
+    batch: str | None = None
+    vocab: str | None = None
+    embed: str | None = None
+    heads: str | None = None
+    kv_heads: str | None = None
+    mlp: str | None = None
+    cache_slots: str | None = None
+    layers: str | None = None
+
+    def __post_init__(self):
+        for axis in LOGICAL_AXES:
+            value = getattr(self, axis)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"ShardingRules.{axis} must be a mesh axis name or None, "
+                                 f"got {value!r}")
+
+    def mesh_axes(self) -> set[str]:
+        """The mesh axes these rules use."""
+        return {getattr(self, axis) for axis in LOGICAL_AXES} - {None}
+
+    def spec(self, logical: Sequence[str | None]) -> PartitionSpec:
+        """The `PartitionSpec` of an array with these logical axes (None: replicated)."""
+        unknown = [axis for axis in logical if axis is not None and axis not in LOGICAL_AXES]
+        if unknown:
+            raise ValueError(f"unknown logical axes {unknown}; known: {LOGICAL_AXES}")
+        mapped = [None if axis is None else getattr(self, axis) for axis in logical]
+        used = [axis for axis in mapped if axis is not None]
+        if len(used) != len(set(used)):
+            raise ValueError(f"logical axes {tuple(logical)} map two dimensions to one mesh "
+                             f"axis ({tuple(mapped)})")
+        return PartitionSpec(*mapped)
+
+
+DATA_PARALLEL = ShardingRules(batch="data")
+TENSOR_PARALLEL = ShardingRules(vocab="model", heads="model", kv_heads="model", mlp="model")
+DATA_AND_TENSOR = dataclasses.replace(TENSOR_PARALLEL, batch="data")
+
+
+def check_mesh(mesh: Mesh, rules: ShardingRules) -> None:
+    """Refuse rules that name a mesh axis the mesh does not have."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+    if not isinstance(rules, ShardingRules):
+        raise TypeError(f"rules must be a specjax.sharding.ShardingRules, got "
+                        f"{type(rules).__name__}")
+    missing = sorted(rules.mesh_axes() - set(mesh.axis_names))
+    if missing:
+        raise ValueError(f"the sharding rules use mesh axes {missing}, which this mesh "
+                         f"(axes {tuple(mesh.axis_names)}) does not have")
+
+
+def named_sharding(mesh: Mesh, rules: ShardingRules, logical: Sequence[str | None],
+                   shape: Sequence[int], what: str) -> NamedSharding:
+    """The sharding of an array `what` of `shape` with logical axes `logical`, after
+    checking that every split dimension divides by its mesh axis (the error names the
+    array, the dimension and the mesh axis)."""
+    if len(logical) != len(shape):
+        raise ValueError(f"{what}: {len(logical)} logical axes for a shape of rank "
+                         f"{len(shape)} {tuple(shape)}")
+    spec = rules.spec(logical)
+    for size, axis, mesh_axis in zip(shape, logical, spec, strict=True):
+        if mesh_axis is not None and size % mesh.shape[mesh_axis]:
+            raise ValueError(f"{what}: its {axis} dimension ({size}) does not divide by the "
+                             f"mesh axis {mesh_axis!r} ({mesh.shape[mesh_axis]} devices); "
+                             "choose a mesh whose axis size divides it, or rules that do "
+                             f"not split {axis}")
+    return NamedSharding(mesh, spec)
+
+
+def mesh_from_spec(spec: str | Mapping[str, int], devices=None) -> Mesh:
+    """A mesh from "data=2,model=4" (or {"data": 2, "model": 4}) over `devices` (default:
+    all of them); the sizes must multiply to the number of devices."""
+    if isinstance(spec, str):
+        sizes = {}
+        for part in spec.split(","):
+            name, _, size = part.partition("=")
+            name = name.strip()
+            try:
+                sizes[name] = int(size)
+            except ValueError:
+                raise ValueError(f"mesh spec {spec!r}: expected name=size pairs separated "
+                                 "by commas, e.g. data=2,model=4") from None
+            if not name:
+                raise ValueError(f"mesh spec {spec!r}: an axis has no name")
+    else:
+        sizes = {str(k): int(v) for k, v in dict(spec).items()}
+    if not sizes or any(size < 1 for size in sizes.values()):
+        raise ValueError(f"mesh spec {spec!r}: every axis needs a size >= 1")
+    devices = list(jax.devices() if devices is None else devices)
+    if math.prod(sizes.values()) != len(devices):
+        raise ValueError(f"mesh spec {spec!r} has {math.prod(sizes.values())} devices, but "
+                         f"{len(devices)} are available")
+    grid = np.asarray(devices, dtype=object).reshape(tuple(sizes.values()))
+    return Mesh(grid, tuple(sizes))

@@ -1,0 +1,208 @@
+"""A model sharded over a mesh of 8 virtual CPU devices (a process of its own, so the
+suite's devices stay as they are): greedy outputs identical to one device on meshes 8x1,
+1x8 and 2x4 for plain and speculative decoding (a replicated draft model, a sharded
+draft with a static tree, an EAGLE-3 head with a dynamic tree), logits within float
+tolerance, sampled decoding on a mesh exact by the 3-token chi-square, Megatron's two
+all-reduces per layer and no all-gather in the compiled forward, and refusals that name
+the dimension."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from conftest import build_lm
+
+import specjax
+import specjax_models
+from specjax.sharding import DATA_AND_TENSOR, TENSOR_PARALLEL, mesh_from_spec
+from specjax_models.sharded import param_axes
+
+TESTS = Path(__file__).resolve().parent
+
+SCRIPT = textwrap.dedent("""
+    import json, re, sys
+    import jax
+    jax.config.update("jax_num_cpu_devices", 8)
+    import jax.numpy as jnp
+    import numpy as np
+    sys.path.insert(0, TESTS)
+    from conftest import build_lm
+    import specjax, specjax_models
+    from specjax.drafters import Eagle, FeatureHeadConfig, eagle3_feature_layers
+    from specjax.sharding import (DATA_AND_TENSOR, DATA_PARALLEL, TENSOR_PARALLEL,
+                                  ShardingRules, mesh_from_spec)
+    from specjax.testing import speculative_joint_pvalues
+
+    assert len(jax.devices()) == 8
+    lm = build_lm(0, num_heads=8, num_kv_heads=8, d_ff=128, num_layers=3)
+    draft = build_lm(1, num_layers=1, num_heads=8, num_kv_heads=8, d_ff=128)
+    embedding, lm_head = specjax_models.embedding_and_head(lm)
+    head_config = FeatureHeadConfig(kind="eagle3", d_model=embedding.shape[1], num_heads=4,
+                                    num_kv_heads=2, d_ff=96,
+                                    feature_layers=eagle3_feature_layers(3))
+    head = Eagle.create(head_config, embedding, lm_head, jax.random.key(2))
+    head = head.with_params(jax.tree.map(lambda x: 6.0 * x if x.ndim == 2 else x,
+                                         head.params))
+    tree = specjax.TreeShape.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
+    prompts = [[1 + (7 * r + i) % 30 for i in range(3 + r)] for r in range(8)]
+    greedy = dict(max_new_tokens=12, sampling=specjax.GREEDY, eos_id=5)
+    reference = specjax.generate(lm, prompts, **greedy)
+    tokens = lambda out: np.asarray(out.tokens)[:, :].tolist()
+    lengths = lambda out: np.asarray(out.lengths).tolist()
+    full = jnp.asarray([p[:3] for p in prompts])
+    results = {"reference": [tokens(reference), lengths(reference)]}
+    for spec, rules in (("data=8", DATA_PARALLEL), ("model=8", TENSOR_PARALLEL),
+                        ("data=2,model=4", DATA_AND_TENSOR)):
+        mesh = mesh_from_spec(spec)
+        sharded = specjax_models.shard(lm, mesh, rules)
+        row = {}
+        row["placed"] = [list(x.sharding.spec) for x in
+                         (sharded.params["layers"][0]["attention"]["q_proj"]["kernel"][...],
+                          sharded.params["embed"]["embedding"][...])]
+        row["generate"] = [tokens(o), lengths(o)] if (o := specjax.generate(
+            sharded, prompts, **greedy)) else None
+        row["logits"] = float(jnp.max(jnp.abs(sharded.logits(full) - lm.logits(full))))
+        out = specjax.speculative_generate(sharded, draft, prompts, num_draft_tokens=3,
+                                           **greedy)
+        row["draft chain"] = [tokens(out), lengths(out)]
+        out = specjax.speculative_generate(
+            sharded, specjax_models.shard(draft, mesh, rules), prompts, tree=tree, **greedy)
+        row["sharded draft, static tree"] = [tokens(out), lengths(out)]
+        out = specjax.speculative_generate(
+            sharded, head, prompts, tree=specjax.DynamicTree(6, 3, 2), **greedy)
+        row["eagle3 dynamic tree"] = [tokens(out), lengths(out)]
+        row["accepted"] = int(np.asarray(out.stats.accepted).sum())
+
+        def forward(model, tokens_B1, lengths_B):
+            cache = model.init_cache(8, 64)
+            return model.apply(tokens_B1, lengths_B[:, None] + 0 * tokens_B1, cache,
+                               lengths_B)[0]
+
+        text = jax.jit(forward).lower(sharded, jnp.ones((8, 1), jnp.int32),
+                                      jnp.zeros((8,), jnp.int32)).compile().as_text()
+        row["all-reduce"] = len(re.findall(r"= [^ ]+ all-reduce(?:-start)?\\(", text))
+        row["all-gather"] = len(re.findall(r"= [^ ]+ all-gather(?:-start)?\\(", text))
+        results[spec] = row
+    mesh = mesh_from_spec("data=8")
+    sampled = [specjax.SamplingConfig(temperature=1.0),
+               specjax.SamplingConfig(temperature=0.7, top_k=8),
+               specjax.SamplingConfig(temperature=1.0, top_p=0.8)]
+    pvalues, out = speculative_joint_pvalues(specjax_models.shard(lm, mesh, DATA_PARALLEL),
+                                             draft, [3, 1, 4], sampled, num_draft_tokens=2,
+                                             rows_per_setting=4000)
+    results["pvalues"] = pvalues
+    results["sampled acceptance"] = float(np.asarray(out.stats.accepted).sum()
+                                          / np.asarray(out.stats.proposed).sum())
+    refusals = []
+    for make in (lambda: specjax_models.shard(build_lm(0), mesh_from_spec("model=8"),
+                                              TENSOR_PARALLEL),
+                 lambda: specjax_models.shard(build_lm(0, num_heads=8, num_kv_heads=8,
+                                                       d_ff=100),
+                                              mesh_from_spec("model=8"), TENSOR_PARALLEL),
+                 lambda: specjax_models.shard(lm, mesh_from_spec("data=8"), TENSOR_PARALLEL),
+                 lambda: specjax.generate(specjax_models.shard(lm, mesh_from_spec("data=8"),
+                                                               DATA_PARALLEL),
+                                          prompts[:3], **greedy)):
+        try:
+            make()
+            refusals.append(None)
+        except ValueError as error:
+            refusals.append(str(error))
+    results["refusals"] = refusals
+    print("RESULT", json.dumps(results))
+""").replace("TESTS", repr(str(TESTS)))
+
+
+@pytest.fixture(scope="module")
+def on_eight_devices() -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                          env=env, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
+    return json.loads(line.split(" ", 1)[1])
+
+
+MESHES = ("data=8", "model=8", "data=2,model=4")
+
+
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+@pytest.mark.parametrize("mesh", MESHES)
+def test_outputs_on_a_mesh_equal_one_devices(on_eight_devices, mesh):
+    row, reference = on_eight_devices[mesh], on_eight_devices["reference"]
+    for decoder in ("generate", "draft chain", "sharded draft, static tree",
+                    "eagle3 dynamic tree"):
+        assert row[decoder] == reference, (mesh, decoder)
+    assert row["logits"] < 1e-4
+    assert row["accepted"] > 0  # the head's drafts were accepted: speculation ran
+
+
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+def test_parameters_are_placed_by_the_rules(on_eight_devices):
+    # q_proj's kernel [D, N * H] and the embedding [V, D]
+    assert on_eight_devices["data=8"]["placed"] == [[None, None], [None, None]]
+    assert on_eight_devices["model=8"]["placed"] == [[None, "model"], ["model", None]]
+
+
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+def test_tensor_parallel_forward_has_two_all_reduces_per_layer_and_no_gather(
+        on_eight_devices):
+    assert on_eight_devices["data=8"]["all-reduce"] == 0
+    for mesh in ("model=8", "data=2,model=4"):
+        # 3 layers x (attention, MLP) + the vocabulary-split embedding's lookup
+        assert on_eight_devices[mesh]["all-reduce"] == 2 * 3 + 1, mesh
+    for mesh in MESHES:
+        assert on_eight_devices[mesh]["all-gather"] == 0, mesh
+
+
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+def test_sampled_decoding_on_a_mesh_is_exact(on_eight_devices):
+    assert min(on_eight_devices["pvalues"]) > 1e-3, on_eight_devices["pvalues"]
+    assert 0.0 < on_eight_devices["sampled acceptance"] < 1.0
+
+
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+def test_shapes_that_do_not_divide_are_refused_by_name(on_eight_devices):
+    heads, mlp, axis, rows = on_eight_devices["refusals"]
+    assert "num_heads (4)" in heads and "'model'" in heads
+    assert "mlp dimension (100)" in mlp and "mlp.down_proj.kernel" in mlp
+    assert "mesh axes ['model']" in axis
+    assert "batch dimension (3)" in rows and "KV cache" in rows
+
+
+# On this process's one device: the rules' mapping and a one-device mesh.
+
+
+def test_parameter_names_map_to_their_logical_axes():
+    assert param_axes(("layers", 0, "attention", "q_proj", "kernel"), 2, False) == (
+        "embed", "heads")
+    assert param_axes(("layers", "mlp", "down_proj", "kernel"), 3, True) == (
+        "layers", "mlp", "embed")
+    assert param_axes(("final_norm", "weight"), 1, False) == (None,)
+    with pytest.raises(ValueError, match="no sharding rule for parameter extra.table"):
+        param_axes(("extra", "table"), 2, False)
+
+
+def test_a_one_device_mesh_changes_nothing():
+    lm = build_lm(0)
+    mesh = mesh_from_spec("data=1,model=1")
+    sharded = specjax_models.shard(lm, mesh, DATA_AND_TENSOR)
+    prompts = [[1, 2, 3], [4, 5]]
+    a = specjax.generate(lm, prompts, max_new_tokens=6, sampling=specjax.GREEDY)
+    b = specjax.generate(sharded, prompts, max_new_tokens=6, sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert isinstance(sharded.params["embed"]["embedding"][...].sharding,
+                      jax.sharding.NamedSharding)
+
+
+def test_shard_refuses_what_is_not_a_transformer():
+    with pytest.raises(TypeError, match="CausalLM of a specjax_models.Transformer"):
+        specjax_models.shard(specjax.testing.plus_one_lm(), mesh_from_spec("model=1"),
+                             TENSOR_PARALLEL)

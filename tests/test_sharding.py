@@ -1,0 +1,61 @@
+"""Logical axes and sharding rules: the specs they give, the presets, meshes from a spec
+string, and refusals that name what does not fit (8-device runs: tests/test_sharded.py)."""
+
+import jax
+import pytest
+from jax.sharding import AbstractMesh, PartitionSpec
+
+from specjax.sharding import (
+    DATA_AND_TENSOR,
+    DATA_PARALLEL,
+    TENSOR_PARALLEL,
+    ShardingRules,
+    check_mesh,
+    mesh_from_spec,
+    named_sharding,
+)
+
+
+def test_rules_map_logical_axes_to_mesh_axes():
+    assert DATA_PARALLEL.spec(("batch", "kv_heads", "cache_slots", None)) == PartitionSpec(
+        "data", None, None, None)
+    assert TENSOR_PARALLEL.spec(("embed", "heads")) == PartitionSpec(None, "model")
+    assert TENSOR_PARALLEL.spec(("mlp", "embed")) == PartitionSpec("model", None)
+    assert DATA_AND_TENSOR.spec(("batch", "kv_heads", "cache_slots", None)) == PartitionSpec(
+        "data", "model", None, None)
+    assert DATA_AND_TENSOR.mesh_axes() == {"data", "model"}
+
+
+def test_rules_refuse_unknown_axes_and_two_dimensions_on_one_mesh_axis():
+    with pytest.raises(ValueError, match="unknown logical axes"):
+        TENSOR_PARALLEL.spec(("embed", "experts"))
+    with pytest.raises(ValueError, match="map two dimensions to one mesh axis"):
+        TENSOR_PARALLEL.spec(("heads", "mlp"))
+    with pytest.raises(ValueError, match="ShardingRules.heads must be a mesh axis name"):
+        ShardingRules(heads="")
+
+
+def test_a_dimension_that_does_not_divide_is_named():
+    mesh = AbstractMesh((4,), ("model",))
+    with pytest.raises(ValueError, match=r"parameter w: its heads dimension \(6\) does not "
+                                         r"divide by the mesh axis 'model' \(4 devices\)"):
+        named_sharding(mesh, TENSOR_PARALLEL, ("embed", "heads"), (8, 6), "parameter w")
+    with pytest.raises(ValueError, match="2 logical axes for a shape of rank 3"):
+        named_sharding(mesh, TENSOR_PARALLEL, ("embed", "heads"), (8, 8, 8), "x")
+
+
+def test_meshes_from_a_spec_string():
+    mesh = mesh_from_spec("data=1")
+    assert mesh.axis_names == ("data",) and mesh.devices.size == len(jax.devices())
+    assert mesh_from_spec({"data": 1, "model": 1}).axis_names == ("data", "model")
+    for bad, message in (("data=two", "name=size pairs"), ("=1", "has no name"),
+                         ("data=0", "size >= 1"), ("data=1,model=3", "devices, but")):
+        with pytest.raises(ValueError, match=message):
+            mesh_from_spec(bad)
+
+
+def test_rules_that_name_a_missing_mesh_axis_are_refused():
+    with pytest.raises(ValueError, match=r"mesh axes \['model'\], which this mesh"):
+        check_mesh(mesh_from_spec("data=1"), TENSOR_PARALLEL)
+    with pytest.raises(TypeError, match="jax.sharding.Mesh"):
+        check_mesh("data=1", DATA_PARALLEL)
