@@ -35,6 +35,7 @@ from specjax_models.gguf_layout import check_gguf_layout
 from specjax_models.hf import config_from_hf
 from specjax_models.hf_tokenizer import HFTokenizer
 from specjax_models.model_cache import cached_model, cached_tokenizer
+from specjax_models.sharded import loading_placement, shard
 from specjax_models.transformer import (
     ParamFiller,
     TransformerConfig,
@@ -200,7 +201,7 @@ def gguf_config(path: str | Path, dtype=None) -> TransformerConfig:
 
 @_naming_the_file
 def from_gguf(path: str | Path, dtype=None, scan_layers: bool = False, *,
-              cache: bool | None = None) -> specjax.CausalLM:
+              cache: bool | None = None, mesh=None, rules=None) -> specjax.CausalLM:
     """Load a GGUF file (Llama or Qwen2 architecture) as a `specjax.CausalLM`.
 
     Args:
@@ -212,16 +213,22 @@ def from_gguf(path: str | Path, dtype=None, scan_layers: bool = False, *,
       cache: keep the dequantised weights in the per-user model cache
         (`specjax_models.model_cache`), so the next load skips the conversion; default:
         on unless `$SPECJAX_MODEL_CACHE` is off.
+      mesh, rules: a `jax.sharding.Mesh` to place the model on by `specjax.sharding`
+        rules (default: the preset its axis names ask for); each tensor goes straight to
+        its shards as it is read (see `specjax_models.shard`).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (pass the path of a .gguf file)")
+    rules, placement = loading_placement(mesh, rules)
     options = {"dtype": "default" if dtype is None else dtype_name(dtype)}
-    return cached_model("gguf", [path], options,
-                        lambda layers: _convert_gguf(path, dtype, layers), scan_layers, cache)
+    lm = cached_model("gguf", [path], options,
+                      lambda layers, where: _convert_gguf(path, dtype, layers, where),
+                      scan_layers, cache, placement)
+    return lm if mesh is None else shard(lm, mesh, rules)
 
 
-def _convert_gguf(path: Path, dtype, scan_layers: bool):
+def _convert_gguf(path: Path, dtype, scan_layers: bool, placement=None):
     """`(CausalLM, TransformerConfig)` read and dequantised from the file."""
     reader = _reader(path)
     meta = _metadata(reader)
@@ -231,7 +238,7 @@ def _convert_gguf(path: Path, dtype, scan_layers: bool):
     permute = meta["general.architecture"] == "llama"  # qwen2 files are not permuted
     abstract = abstract_transformer(config)
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    filler = ParamFiller(abstract_params, config.storage_dtype)
+    filler = ParamFiller(abstract_params, config.storage_dtype, placement)
     mapping = _weight_map(config)
     used = set()
     for name, _ in filler.targets():

@@ -35,6 +35,7 @@ import specjax
 from specjax.files import read_json
 from specjax_models.model_cache import cached_model
 from specjax_models.safetensors_layout import checkpoint_files
+from specjax_models.sharded import loading_placement, shard
 from specjax_models.transformer import (
     ParamFiller,
     Transformer,
@@ -299,7 +300,7 @@ def _to_ours(array: np.ndarray, transform) -> np.ndarray:
 # ---------------------------------------------------------------- loading
 
 def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False, *,
-                    cache: bool | None = None, mtp: bool = False):
+                    cache: bool | None = None, mtp: bool = False, mesh=None, rules=None):
     """Load a local Hugging Face checkpoint directory as a `specjax.CausalLM`; with
     `mtp=True`, `(target, drafter)`: the target and the multi-token-prediction module its
     checkpoint carries (MiMo's `model.mtp_layers`, read by
@@ -318,6 +319,10 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False, *,
         checkpoint, or a dtype other than the checkpoint's), unless `$SPECJAX_MODEL_CACHE`
         is off; True or False decide for any checkpoint.
       mtp: also return the checkpoint's MTP drafter (refused when it has none).
+      mesh, rules: a `jax.sharding.Mesh` to place the target on by `specjax.sharding`
+        rules (default: the preset its axis names ask for); each tensor goes straight to
+        its shards as it is read (see `specjax_models.shard`). The MTP drafter stays
+        replicated.
     """
     if mtp:  # refused before the target is read, not after
         from specjax_models.published_drafters import load_drafter
@@ -325,7 +330,8 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False, *,
         if not any(name.startswith(MTP_PREFIX) for name in checkpoint_files(Path(path))):
             raise ValueError(f"{path} carries no multi-token-prediction module "
                              f"({MTP_PREFIX}* tensors); load it without mtp=True")
-        target = from_pretrained(path, dtype, scan_layers, cache=cache)
+        target = from_pretrained(path, dtype, scan_layers, cache=cache, mesh=mesh,
+                                 rules=rules)
         return target, load_drafter(path, target)
     path = Path(path)
     if not (path / "config.json").exists():
@@ -341,19 +347,23 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False, *,
         cache = False
     options = {"dtype": "default" if dtype is None else dtype_name(dtype)}
     sources = [path / "config.json", *(path / name for name in shards)]
-    return cached_model("hf", sources, options,
-                        lambda layers: _convert_pretrained(path, hf_config, file_of, dtype,
-                                                           layers), scan_layers, cache)
+    rules, placement = loading_placement(mesh, rules)
+    lm = cached_model("hf", sources, options,
+                      lambda layers, where: _convert_pretrained(path, hf_config, file_of,
+                                                                dtype, layers, where),
+                      scan_layers, cache, placement)
+    return lm if mesh is None else shard(lm, mesh, rules)
 
 
-def _convert_pretrained(path: Path, hf_config: dict, file_of: dict, dtype, scan_layers: bool):
+def _convert_pretrained(path: Path, hf_config: dict, file_of: dict, dtype, scan_layers: bool,
+                        placement=None):
     """`(CausalLM, TransformerConfig)` read from the checkpoint's safetensors files."""
     config = dataclasses.replace(config_from_hf(hf_config, dtype),
                                  scan_layers=bool(scan_layers))
     available = set(file_of)
     abstract = abstract_transformer(config)
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    filler = ParamFiller(abstract_params, config.storage_dtype)
+    filler = ParamFiller(abstract_params, config.storage_dtype, placement)
     mapping = _weight_map(config, available)
     # Plan first, then read file by file: each shard's memory map is closed as soon as its
     # tensors are converted, so the peak is the parameters plus about one shard.

@@ -156,14 +156,16 @@ def _write_in_background(folder: Path, write: Callable[[Path], None]) -> None:
 
 
 def cached_model(kind: str, sources: list[Path], options: dict, build: Callable,
-                 scan_layers: bool, cache: bool | None) -> specjax.CausalLM:
-    """The model `build(scan_layers)` converts (returning `(CausalLM, TransformerConfig)`),
-    from the cache when an intact entry exists, else built, returned at once and stored
-    by a background thread."""
+                 scan_layers: bool, cache: bool | None,
+                 placement: Callable | None = None) -> specjax.CausalLM:
+    """The model `build(scan_layers, placement)` converts (returning `(CausalLM,
+    TransformerConfig)`), from the cache when an intact entry exists, else built, returned
+    at once and stored by a background thread. `placement` (see `ParamFiller`) puts each
+    parameter on its devices as it is read."""
     from specjax_models.transformer import TransformerConfig
 
     if not model_cache_enabled(cache):
-        return build(scan_layers)[0]
+        return build(scan_layers, placement)[0]
     folder = default_model_cache_dir() / f"{kind}-{source_key(kind, sources, options)}"
     pending = _WRITING.get(folder)
     if pending is not None:  # this process is still writing it
@@ -172,8 +174,9 @@ def cached_model(kind: str, sources: list[Path], options: dict, build: Callable,
     if maps is not None:
         fields = json.loads((folder / "config.json").read_text())
         config = TransformerConfig(**dict(fields, scan_layers=False))
-        return _build(tensor_views(folder / WEIGHTS, maps[WEIGHTS]), config, scan_layers)
-    lm, config = build(scan_layers)
+        return _build(tensor_views(folder / WEIGHTS, maps[WEIGHTS]), config, scan_layers,
+                      placement)
+    lm, config = build(scan_layers, placement)
 
     def write(staging: Path) -> None:
         from flax import nnx
@@ -190,7 +193,7 @@ def cached_model(kind: str, sources: list[Path], options: dict, build: Callable,
     return lm
 
 
-def _build(arrays: dict, config, scan_layers: bool) -> specjax.CausalLM:
+def _build(arrays: dict, config, scan_layers: bool, placement=None) -> specjax.CausalLM:
     from flax import nnx
 
     from specjax_models.transformer import ParamFiller, abstract_transformer
@@ -198,7 +201,7 @@ def _build(arrays: dict, config, scan_layers: bool) -> specjax.CausalLM:
     config = dataclasses.replace(config, scan_layers=bool(scan_layers))
     abstract = abstract_transformer(config)
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    filler = ParamFiller(abstract_params, config.storage_dtype)
+    filler = ParamFiller(abstract_params, config.storage_dtype, placement)
     for name, _ in filler.targets():
         filler.set(name, arrays[name])
     return specjax.CausalLM.from_nnx(nnx.merge(graphdef, filler.state()))

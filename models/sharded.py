@@ -19,14 +19,15 @@ jit's propagation from these arrays; a drafter that is not sharded is replicated
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 import specjax
-from specjax.sharding import ShardingRules, check_mesh, named_sharding
+from specjax.sharding import ShardingRules, check_mesh, default_rules, named_sharding
 
 # The last name parts of a parameter -> its logical axes (without the [L] axis of a
 # scanned model).
@@ -45,15 +46,17 @@ _AXES = {
 CACHE_AXES = ("batch", "kv_heads", "cache_slots", None)
 
 
-def param_axes(path: tuple, ndim: int, scanned: bool) -> tuple[str | None, ...]:
-    """The logical axes of the parameter at `path` (nnx state keys) with `ndim` dims."""
+def param_axes(path: tuple, ndim: int) -> tuple[str | None, ...]:
+    """The logical axes of the parameter at `path` (nnx state keys) with `ndim` dims; a
+    scanned model's `layers.X` (no layer index) has a leading "layers" axis."""
     names = tuple(str(p) for p in path)
+    scanned = len(names) > 1 and names[0] == "layers" and not names[1].isdigit()
     axes = _AXES.get(names[-2:])
     if axes is None:
         if names[-1] not in ("weight", "bias", "scale"):  # anything else: refuse, not guess
             raise ValueError(f"no sharding rule for parameter {'.'.join(names)}")
         axes = (None,) * (ndim - int(scanned))  # norms (and q/k norms): replicated
-    if scanned and names[0] == "layers":
+    if scanned:
         axes = ("layers",) + axes
     if len(axes) != ndim:
         raise ValueError(f"parameter {'.'.join(names)} has {ndim} dims, its rule {axes}")
@@ -96,16 +99,34 @@ def shard(lm: specjax.CausalLM, mesh: Mesh, rules: ShardingRules) -> specjax.Cau
     if not hasattr(module_config, "num_kv_heads"):
         raise TypeError("shard expects a CausalLM of a specjax_models.Transformer")
     _check_heads(module_config, mesh, rules)
-    scanned = bool(module_config.scan_layers)
-    placed = []
-    for path, leaf in nnx.to_flat_state(lm.params):
-        value = leaf.get_value()
-        what = "parameter " + ".".join(str(p) for p in path)
-        sharding = named_sharding(mesh, rules, param_axes(path, value.ndim, scanned),
-                                  value.shape, what)
-        placed.append((path, leaf.replace(jax.device_put(value, sharding))))
+    where = placement(mesh, rules)
+    placed = [(path, leaf.replace(jax.device_put(leaf.get_value(),
+                                                 where(path, leaf.get_value().shape))))
+              for path, leaf in nnx.to_flat_state(lm.params)]
     return dataclasses.replace(lm, params=nnx.from_flat_state(placed),
                                init_cache_fn=_ShardedInitCache(lm.init_cache_fn, mesh, rules))
+
+
+def placement(mesh: Mesh, rules: ShardingRules) -> Callable[[tuple, tuple], NamedSharding]:
+    """`where(path, shape)`: the sharding of the parameter at `path` (for loaders, which
+    place each tensor on its shards as they read it: `ParamFiller(placement=...)`)."""
+    check_mesh(mesh, rules)
+
+    def where(path: tuple, shape: tuple) -> NamedSharding:
+        what = "parameter " + ".".join(str(p) for p in path)
+        return named_sharding(mesh, rules, param_axes(path, len(shape)), shape, what)
+    return where
+
+
+def loading_placement(mesh: Mesh | None, rules: ShardingRules | None):
+    """What a loader's `mesh=` and `rules=` mean: `(rules, placement)`, both None without a
+    mesh; rules default to the mesh's axes (`specjax.sharding.default_rules`)."""
+    if mesh is None:
+        if rules is not None:
+            raise ValueError("rules= needs mesh=: pass the jax.sharding.Mesh to place on")
+        return None, None
+    rules = default_rules(mesh) if rules is None else rules
+    return rules, placement(mesh, rules)
 
 
 def _check_heads(config, mesh: Mesh, rules: ShardingRules) -> None:

@@ -947,10 +947,13 @@ def per_layer_params(flat: dict) -> dict:
     return out
 
 
-def _on_device(array, dtype) -> Array:
-    """`array` as a JAX array of `dtype`. A host array that already has it is copied over as
-    it is: `jnp.asarray` would compile a conversion program per shape (a third of the
-    time SmolLM2 took to load from the model cache)."""
+def _on_device(array, dtype, sharding=None) -> Array:
+    """`array` as a JAX array of `dtype`, placed by `sharding` (each device receives only
+    its shard) or on the default device. A host array that already has the dtype is
+    copied over as it is: `jnp.asarray` would compile a conversion program per shape (a
+    third of the time SmolLM2 took to load from the model cache)."""
+    if sharding is not None:
+        return jax.device_put(np.asarray(array).astype(np.dtype(dtype), copy=False), sharding)
     if isinstance(array, np.ndarray) and array.dtype == np.dtype(dtype):
         return jax.device_put(array)
     return jnp.asarray(array, dtype)
@@ -966,8 +969,10 @@ class ParamFiller:
     stores one (cast to the storage dtype); `state()` returns the params once all are set.
     """
 
-    def __init__(self, abstract_params, dtype):
+    def __init__(self, abstract_params, dtype, placement=None):
         self._dtype = dtype
+        # placement(key path, shape) -> where the array goes (a jax Sharding), or None
+        self._placement = placement
         self._leaves = {_flat_name(key): (key, leaf)
                         for key, leaf in nnx.to_flat_state(abstract_params)}
         self._buffers: dict[str, object] = {}
@@ -1001,7 +1006,7 @@ class ParamFiller:
         if not jnp.issubdtype(array.dtype, jnp.floating):
             raise ValueError(f"{name} holds {array.dtype}, expected floats")
         if layer is None:
-            self._done[stacked] = _on_device(array, self._dtype)
+            self._done[stacked] = _on_device(array, self._dtype, self._where(stacked, shape))
             return
         if stacked not in self._buffers:
             self._buffers[stacked] = np.empty(shape, np.dtype(self._dtype))
@@ -1009,7 +1014,12 @@ class ParamFiller:
         self._buffers[stacked][layer] = np.asarray(array).astype(np.dtype(self._dtype))
         self._missing[stacked] -= 1
         if not self._missing[stacked]:  # complete: hand it to JAX, drop the host copy
-            self._done[stacked] = _on_device(self._buffers.pop(stacked), self._dtype)
+            self._done[stacked] = _on_device(self._buffers.pop(stacked), self._dtype,
+                                             self._where(stacked, shape))
+
+    def _where(self, name: str, shape: tuple):
+        return None if self._placement is None else self._placement(self._leaves[name][0],
+                                                                    shape)
 
     def state(self):
         missing = sorted(set(self._leaves) - set(self._done))

@@ -74,6 +74,18 @@ TENSOR_PARALLEL = ShardingRules(vocab="model", heads="model", kv_heads="model", 
 DATA_AND_TENSOR = dataclasses.replace(TENSOR_PARALLEL, batch="data")
 
 
+def default_rules(mesh: Mesh) -> ShardingRules:
+    """The preset a mesh's axis names ask for: ("data",) data parallel, ("model",) tensor
+    parallel, ("data", "model") both; other names need explicit rules."""
+    presets = {("data",): DATA_PARALLEL, ("model",): TENSOR_PARALLEL,
+               ("data", "model"): DATA_AND_TENSOR, ("model", "data"): DATA_AND_TENSOR}
+    names = tuple(mesh.axis_names)
+    if names not in presets:
+        raise ValueError(f"no preset for a mesh with axes {names}: name them data and/or "
+                         "model, or pass rules=ShardingRules(...)")
+    return presets[names]
+
+
 def check_mesh(mesh: Mesh, rules: ShardingRules) -> None:
     """Refuse rules that name a mesh axis the mesh does not have."""
     if not isinstance(mesh, Mesh):

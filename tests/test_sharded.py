@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import build_lm
+from conftest import build_lm, run_cli, smollm2_or_skip
 
 import specjax
 import specjax_models
@@ -115,15 +115,26 @@ SCRIPT = textwrap.dedent("""
         except ValueError as error:
             refusals.append(str(error))
     results["refusals"] = refusals
+    # A GGUF file loaded straight onto a 4x2 mesh (tensor by tensor) and by one device.
+    from test_gguf import TINY, write_gguf
+    gguf_lm = build_lm(3, **TINY)
+    path = TMP + "/tiny.gguf"
+    write_gguf(path, gguf_lm)
+    plain = specjax_models.from_gguf(path, cache=False)
+    placed = specjax_models.from_gguf(path, cache=False, mesh=mesh_from_spec("data=4,model=2"))
+    results["from_gguf"] = [tokens(specjax.generate(m, prompts, **greedy)) for m in (plain, placed)]
+    results["from_gguf placed"] = list(
+        placed.params["layers"][0]["mlp"]["up_proj"]["kernel"][...].sharding.spec)
     print("RESULT", json.dumps(results))
 """).replace("TESTS", repr(str(TESTS)))
 
 
 @pytest.fixture(scope="module")
-def on_eight_devices() -> dict:
+def on_eight_devices(tmp_path_factory) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+    script = SCRIPT.replace("TMP", repr(str(tmp_path_factory.mktemp("sharded"))))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=env, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
@@ -177,17 +188,40 @@ def test_shapes_that_do_not_divide_are_refused_by_name(on_eight_devices):
     assert "batch dimension (3)" in rows and "KV cache" in rows
 
 
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+def test_a_gguf_file_loads_onto_a_mesh_tensor_by_tensor(on_eight_devices):
+    plain, placed = on_eight_devices["from_gguf"]
+    assert plain == placed
+    assert on_eight_devices["from_gguf placed"] == [None, "model"]
+
+
+@pytest.mark.slow  # two SmolLM2 runs on 3 virtual devices
+def test_the_command_line_decodes_smollm2_on_a_mesh():
+    smollm2_or_skip()
+    # SmolLM2 has 9 heads and 3 KV heads: a model axis of 3 splits them whole.
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=3")
+    runs = [run_cli("generate", "What is the capital of France?", "--model", "smollm2",
+                    "--max-new-tokens", "12", "--json", *extra, env=env)
+            for extra in ((), ("--mesh", "model=3"))]
+    texts = [json.loads(run.stdout)["text"] for run in runs]
+    assert texts[0] == texts[1] and "Paris" in texts[0]
+    refused = run_cli("generate", "x", "--mesh", "data=2", env=env)
+    assert refused.returncode == 2 and "--mesh data=2" in refused.stderr
+    refused = run_cli("generate", "x", "--mesh", "model=3", env=env)  # the bundled target
+    assert refused.returncode == 2 and "num_heads (8) does not divide" in refused.stderr
+
+
 # On this process's one device: the rules' mapping and a one-device mesh.
 
 
 def test_parameter_names_map_to_their_logical_axes():
-    assert param_axes(("layers", 0, "attention", "q_proj", "kernel"), 2, False) == (
+    assert param_axes(("layers", 0, "attention", "q_proj", "kernel"), 2) == (
         "embed", "heads")
-    assert param_axes(("layers", "mlp", "down_proj", "kernel"), 3, True) == (
+    assert param_axes(("layers", "mlp", "down_proj", "kernel"), 3) == (  # scanned: [L, ...]
         "layers", "mlp", "embed")
-    assert param_axes(("final_norm", "weight"), 1, False) == (None,)
+    assert param_axes(("final_norm", "weight"), 1) == (None,)
     with pytest.raises(ValueError, match="no sharding rule for parameter extra.table"):
-        param_axes(("extra", "table"), 2, False)
+        param_axes(("extra", "table"), 2)
 
 
 def test_a_one_device_mesh_changes_nothing():

@@ -97,6 +97,11 @@ def register(sub) -> None:
     gen.add_argument("--head", default=None,
                      help="a feature head trained by `specjax train-drafter` for --drafter "
                           "medusa/eagle/eagle3/mtp (default: the bundled target's)")
+    gen.add_argument("--mesh", default=None, metavar="AXES",
+                     help="shard the target over the devices: data=N (rows), model=N "
+                          "(tensor parallel: heads and MLP columns) or both, e.g. "
+                          "data=2,model=4; the sizes multiply to the device count (default: "
+                          "one device)")
     add_prompt_lookup_options(gen)
     add_model_free_options(gen)
     add_self_speculation_options(gen)

