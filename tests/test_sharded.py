@@ -78,6 +78,12 @@ SCRIPT = textwrap.dedent("""
             sharded, head, prompts, tree=specjax.DynamicTree(6, 3, 2), **greedy)
         row["eagle3 dynamic tree"] = [tokens(out), lengths(out)]
         row["accepted"] = int(np.asarray(out.stats.accepted).sum())
+        streamed = [[] for _ in prompts]
+        for chunk in specjax.speculative_stream(sharded, draft, prompts, num_draft_tokens=3,
+                                                **greedy):
+            for b, new in enumerate(chunk.tokens):
+                streamed[b] += new
+        row["stream"] = streamed
 
         def forward(model, tokens_B1, lengths_B):
             cache = model.init_cache(8, 64)
@@ -151,6 +157,9 @@ def test_outputs_on_a_mesh_equal_one_devices(on_eight_devices, mesh):
     for decoder in ("generate", "draft chain", "sharded draft, static tree",
                     "eagle3 dynamic tree"):
         assert row[decoder] == reference, (mesh, decoder)
+    reference_tokens, reference_lengths = reference
+    assert row["stream"] == [t[:n] for t, n in zip(reference_tokens, reference_lengths,
+                                                   strict=True)]
     assert row["logits"] < 1e-4
     assert row["accepted"] > 0  # the head's drafts were accepted: speculation ran
 
