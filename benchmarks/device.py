@@ -32,6 +32,7 @@ import specjax_models
 from benchmarks.common import machine_record
 from benchmarks.trees import measure
 from specjax.drafters import LayerSkip, Lookahead, Retrieval
+from specjax.sharding import DATA_AND_TENSOR, mesh_from_spec
 from specjax.timing import forward_timer, interleaved_medians
 from specjax.trees import DynamicTree
 
@@ -133,13 +134,18 @@ def decode_speedups(args, budget: Budget) -> list[dict]:
                 LayerSkip(skip=tuple(range(1, target.num_layers - 1, 2))), 4, None),
             "published EAGLE-3 layout (random), dynamic tree 16": lambda target=target: (
                 published_head(target), None, DynamicTree(16, 6, 4)),
+            # The sharding path on one device (its plain and speculative tokens/s against
+            # the unsharded "draft model, chain K=4" row: no slowdown expected).
+            "draft model, chain K=4, target on a one-device mesh": lambda draft=draft, \
+                target=target: (as_chain_drafter(draft()), 4, None, specjax_models.shard(
+                    target, mesh_from_spec("data=1,model=1"), DATA_AND_TENSOR)),
         }
         for label, make in shapes.items():
             if not budget.allows(f"decode {name} {label}"):
                 continue
-            drafter, k, tree = make()
-            row = measure(target, drafter, [list(ids)], specjax.GREEDY, settings, k=k,
-                          tree=tree)
+            drafter, k, tree, *placed = make()
+            row = measure(placed[0] if placed else target, drafter, [list(ids)],
+                          specjax.GREEDY, settings, k=k, tree=tree)
             rows.append({"model": name, "decoder": label, **row})
             print(f"decode {name}, {label}: {row['decode_speedup']:.2f}x (tau "
                   f"{row['tau']:.2f}, identical to plain: {row['greedy_identical']})",

@@ -31,7 +31,8 @@ def test_the_device_script_runs_every_measurement_at_ci_size(tmp_path):
                         "prompt lookup, chain K=4", "lookahead W=7 N=4 G=7",
                         "retrieval, own text, 16 nodes",
                         "layer skip, odd inner blocks, chain K=4",
-                        "published EAGLE-3 layout (random), dynamic tree 16"}
+                        "published EAGLE-3 layout (random), dynamic tree 16",
+                        "draft model, chain K=4, target on a one-device mesh"}
     for row in result["decode"]:
         assert row["greedy_identical"] is True  # greedy: the same tokens as plain decoding
         # A dry run's timings are a few milliseconds: numbers, not measurements.
