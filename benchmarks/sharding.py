@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -27,7 +26,6 @@ from benchmarks.common import alternating_times, command_line, cpu_model, median
 
 NAME = "sharding_cpu"
 MESHES = ("one device", "data=8", "model=8", "data=2,model=4")
-DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "pred": 1}
 
 LOAD = """
 import resource, sys, time, jax
@@ -42,32 +40,15 @@ print("LOAD", time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SE
 """
 
 
-def collectives(hlo_text: str) -> dict:
-    """Count and bytes (per device, of each result) of every collective in an HLO text."""
-    found = {}
-    for shapes, op in re.findall(r"= (\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|"
-                                 r"collective-permute)(?:-start)?\(", hlo_text):
-        size = 0
-        for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", shapes):
-            count = 1
-            for dim in filter(None, dims.split(",")):
-                count *= int(dim)
-            size += count * DTYPE_BYTES.get(dtype, 4)
-        entry = found.setdefault(op, {"count": 0, "bytes": 0})
-        entry["count"] += 1
-        entry["bytes"] += size
-    return found
-
-
 def decoding(reps: int) -> tuple[dict, dict]:
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)
-    import jax.numpy as jnp
     from flax import nnx
 
     import specjax
     import specjax_models
+    import specjax_models.sharded
     from specjax.sharding import default_rules, mesh_from_spec
 
     def model(layers: int, seed: int):
@@ -94,15 +75,7 @@ def decoding(reps: int) -> tuple[dict, dict]:
                           "speculative": alternating_times({"c": spec}, 1)["c"][0]}
         calls[f"plain, {name}"] = plain
         calls[f"speculative, {name}"] = spec
-
-        def forward(model, tokens_B1, lengths_B):
-            cache = model.init_cache(8, 128)
-            return model.apply(tokens_B1, lengths_B[:, None] + 0 * tokens_B1, cache,
-                               lengths_B)[0]
-
-        text = jax.jit(forward).lower(lm, jnp.ones((8, 1), jnp.int32),
-                                      jnp.zeros((8,), jnp.int32)).compile().as_text()
-        hlo[name] = collectives(text)
+        hlo[name] = specjax_models.sharded.forward_collectives(lm, 8, 128)
     times = alternating_times(calls, reps)
     return {name: median(values) for name, values in times.items()}, {
         "compile_seconds": compiled, "collectives": hlo}

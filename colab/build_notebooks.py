@@ -511,19 +511,13 @@ for name, spec in meshes.items():
 
 SHARDED_COLLECTIVES = """\
 # What the partitioner put in a one-token forward on a model axis of all the devices.
-mesh = mesh_from_spec(f"model={n}") if config.num_heads % n == 0 else None
-if mesh is not None:
-    lm = specjax_models.shard(target, mesh, default_rules(mesh))
+from specjax_models.sharded import forward_collectives
 
-    def forward(model, tokens, lengths):
-        cache = model.init_cache(tokens.shape[0], 64)
-        return model.apply(tokens, lengths[:, None] + 0 * tokens, cache, lengths)[0]
-
-    text = jax.jit(forward).lower(lm, jnp.ones((n, 1), jnp.int32),
-                                  jnp.zeros((n,), jnp.int32)).compile().as_text()
-    reduces = len(re.findall(r"= \\S+ all-reduce(?:-start)?\\(", text))
-    print(f"{reduces} all-reduces for {config.num_layers} layers: one after attention and "
-          "one after the MLP per layer, one for the vocabulary-split embedding")
+if config.num_heads % n == 0:
+    mesh = mesh_from_spec(f"model={n}")
+    found = forward_collectives(specjax_models.shard(target, mesh, default_rules(mesh)), n)
+    print(found, f"for {config.num_layers} layers: one all-reduce after attention and one "
+          "after the MLP per layer, one for the vocabulary-split embedding")
 """
 
 
@@ -538,7 +532,7 @@ def several_devices():
             "tokens the same as on one device. On a CPU runtime the first cell makes 8 "
             "virtual devices (they share the cores: correct, not faster)."),
         new_code_cell(INSTALL),
-        new_code_cell(SHARDED_SETUP + SETUP + "import re\nfrom flax import nnx\n"
+        new_code_cell(SHARDED_SETUP + SETUP + "from flax import nnx\n"
                       "from specjax.sharding import default_rules, mesh_from_spec\n"),
         new_code_cell(SHARDED_DECODING),
         new_code_cell(SHARDED_COLLECTIVES),
