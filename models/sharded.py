@@ -94,6 +94,8 @@ def shard(lm: specjax.CausalLM, mesh: Mesh, rules: ShardingRules) -> specjax.Cau
     mesh axis is refused, naming the parameter and the dimension; so are rules that name
     an axis the mesh lacks."""
     check_mesh(mesh, rules)
+    if isinstance(getattr(lm, "init_cache_fn", None), _ShardedInitCache):  # placed before
+        lm = dataclasses.replace(lm, init_cache_fn=lm.init_cache_fn.inner)
     if not isinstance(lm, specjax.CausalLM) or not hasattr(lm.apply_fn, "graphdef") \
             or not hasattr(lm.init_cache_fn, "graphdef"):
         raise TypeError("shard expects a CausalLM of a specjax_models.Transformer "

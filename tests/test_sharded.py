@@ -20,7 +20,7 @@ from conftest import build_lm, run_cli, smollm2_or_skip
 
 import specjax
 import specjax_models
-from specjax.sharding import DATA_AND_TENSOR, TENSOR_PARALLEL, mesh_from_spec
+from specjax.sharding import DATA_AND_TENSOR, DATA_PARALLEL, TENSOR_PARALLEL, mesh_from_spec
 from specjax_models.sharded import param_axes
 
 TESTS = Path(__file__).resolve().parent
@@ -242,6 +242,11 @@ def test_a_one_device_mesh_changes_nothing():
     np.testing.assert_array_equal(a.tokens, b.tokens)
     assert isinstance(sharded.params["embed"]["embedding"][...].sharding,
                       jax.sharding.NamedSharding)
+    again = specjax_models.shard(sharded, mesh_from_spec("data=1"), DATA_PARALLEL)
+    assert again.init_cache_fn.inner is lm.init_cache_fn  # re-placed, not wrapped twice
+    np.testing.assert_array_equal(
+        specjax.generate(again, prompts, max_new_tokens=6, sampling=specjax.GREEDY).tokens,
+        a.tokens)
 
 
 def test_shard_refuses_what_is_not_a_transformer():
