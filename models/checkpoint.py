@@ -15,6 +15,7 @@ from flax import nnx
 
 import specjax
 from specjax.files import damaged, read_json, write_json_atomically
+from specjax_models.sharded import loading_placement, shard
 from specjax_models.transformer import TransformerConfig, abstract_transformer, dtype_name
 
 
@@ -54,13 +55,16 @@ def save_checkpoint(lm: specjax.CausalLM, config: TransformerConfig, path: str |
     return path
 
 
-def load_checkpoint(path: str | Path, dtype=None,
-                    scan_layers: bool | None = None) -> specjax.CausalLM:
+def load_checkpoint(path: str | Path, dtype=None, scan_layers: bool | None = None, *,
+                    mesh=None, rules=None) -> specjax.CausalLM:
     """A CausalLM from a directory written by `save_checkpoint`.
 
     `dtype` ("float32", "bfloat16", "float16", or jnp.float32 / jnp.bfloat16 / ...) casts
     the parameters and sets the compute dtype; default: as saved. `scan_layers` (see
     `TransformerConfig`) overrides the saved setting; either layout loads into either.
+    `mesh`, `rules`: a `jax.sharding.Mesh` to place the model on by `specjax.sharding`
+    rules (default: the preset its axis names ask for); orbax restores each array
+    straight onto its shards (see `specjax_models.shard`).
     """
     path = Path(path).absolute()
     if not path.exists():
@@ -76,10 +80,13 @@ def load_checkpoint(path: str | Path, dtype=None,
     except Exception as error:  # orbax / tensorstore raise many types for a damaged folder
         raise damaged(path / "params", f"is not a readable orbax checkpoint "
                       f"({type(error).__name__}: {_first_line(error)})", REMEDY) from None
-    # Restore onto this machine's default device, whatever device wrote the checkpoint.
+    # Restore onto this machine's default device, whatever device wrote the checkpoint, or
+    # each array onto its shards of `mesh`.
+    rules, where = loading_placement(mesh, rules)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                          stored)
+    target = jax.tree_util.tree_map_with_path(
+        lambda key, m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device if where is None
+                                            else where(_names(key), m.shape)), stored)
     if scan_layers is not None:
         config = dataclasses.replace(config, scan_layers=bool(scan_layers))
     try:
@@ -97,7 +104,13 @@ def load_checkpoint(path: str | Path, dtype=None,
                                  nnx.Param)
     _check_against_config(path, restored, nnx.to_pure_dict(params))
     nnx.replace_by_pure_dict(params, restored)
-    return specjax.CausalLM.from_nnx(nnx.merge(graphdef, params))
+    lm = specjax.CausalLM.from_nnx(nnx.merge(graphdef, params))
+    return lm if mesh is None else shard(lm, mesh, rules)
+
+
+def _names(key_path) -> tuple:
+    """A pytree key path (dict keys, sequence indices) as plain names."""
+    return tuple(getattr(k, "key", getattr(k, "idx", k)) for k in key_path)
 
 
 def _first_line(error: Exception) -> str:

@@ -127,6 +127,14 @@ SCRIPT = textwrap.dedent("""
     results["from_gguf"] = [tokens(specjax.generate(m, prompts, **greedy)) for m in (plain, placed)]
     results["from_gguf placed"] = list(
         placed.params["layers"][0]["mlp"]["up_proj"]["kernel"][...].sharding.spec)
+    # An orbax checkpoint restored onto the same mesh, array by array.
+    from conftest import tiny_config
+    specjax_models.save_checkpoint(gguf_lm, tiny_config(**TINY), TMP + "/ckpt")
+    restored = specjax_models.load_checkpoint(TMP + "/ckpt", mesh=mesh_from_spec("data=4,model=2"))
+    results["load_checkpoint"] = [tokens(specjax.generate(m, prompts, **greedy)) for m in (
+        specjax_models.load_checkpoint(TMP + "/ckpt"), restored)]
+    results["load_checkpoint placed"] = list(
+        restored.params["layers"][1]["attention"]["o_proj"]["kernel"][...].sharding.spec)
     print("RESULT", json.dumps(results))
 """).replace("TESTS", repr(str(TESTS)))
 
@@ -203,6 +211,13 @@ def test_a_gguf_file_loads_onto_a_mesh_tensor_by_tensor(on_eight_devices):
     assert on_eight_devices["from_gguf placed"] == [None, "model"]
 
 
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+def test_an_orbax_checkpoint_restores_onto_a_mesh_array_by_array(on_eight_devices):
+    plain, placed = on_eight_devices["load_checkpoint"]
+    assert plain == placed
+    assert on_eight_devices["load_checkpoint placed"] == ["model", None]
+
+
 @pytest.mark.slow  # two SmolLM2 runs on 3 virtual devices
 def test_the_command_line_decodes_smollm2_on_a_mesh():
     smollm2_or_skip()
@@ -243,6 +258,7 @@ def test_a_one_device_mesh_changes_nothing():
     assert isinstance(sharded.params["embed"]["embedding"][...].sharding,
                       jax.sharding.NamedSharding)
     again = specjax_models.shard(sharded, mesh_from_spec("data=1"), DATA_PARALLEL)
+    assert tuple(again.params["embed"]["embedding"][...].sharding.spec) == (None, None)
     assert again.init_cache_fn.inner is lm.init_cache_fn  # re-placed, not wrapped twice
     np.testing.assert_array_equal(
         specjax.generate(again, prompts, max_new_tokens=6, sampling=specjax.GREEDY).tokens,
