@@ -94,3 +94,25 @@ def test_speculative_decoding_compiles_each_program_once(tiny_lm, close_draft):
         assert sum(program in name for name in compiled) == 1, (program, compiled)
     streamed = [t for chunk in chunks for t in chunk.tokens[0]]
     assert streamed == np.asarray(out.tokens)[0, : int(out.lengths[0])].tolist()
+
+
+def test_a_repeated_request_skips_the_background_compilation(tiny_lm, close_draft,
+                                                             monkeypatch):
+    import specjax.speculative_loop as loop
+
+    seen = []
+    monkeypatch.setattr(loop, "_COMPILED_NEXT", set())  # as in a fresh process
+    real = loop.while_compiling
+    monkeypatch.setattr(loop, "while_compiling",
+                        lambda compile_next, run: seen.append(compile_next) or
+                        real(compile_next, run))
+    request = dict(max_new_tokens=7, num_draft_tokens=2, sampling=specjax.GREEDY)
+    specjax.speculative_generate(tiny_lm, close_draft, [[3, 1, 4]], **request)
+    again = specjax.speculative_generate(tiny_lm, close_draft, [[2, 7, 1]], **request)
+    sampled = specjax.speculative_generate(tiny_lm, close_draft, [[2, 7, 1]],
+                                           **(request | {"sampling": specjax.SamplingConfig(),
+                                                         "key": jax.random.key(0)}))
+    assert seen[0] is not None  # the first request compiles the loop meanwhile
+    assert seen[1] is None  # same shapes and settings: already compiled
+    assert seen[2] is not None  # sampled rows: another loop program
+    assert int(again.lengths[0]) == 7 and int(sampled.lengths[0]) == 7
