@@ -39,9 +39,10 @@ def bundled_path(name: str) -> Path:
 
 
 def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
-                 draft_method: str | None = None):
-    """The bundled "target" or "draft" model as a CausalLM (`dtype` and `scan_layers` as
-    in `load_checkpoint`: e.g. "bfloat16" or jnp.bfloat16; default float32, as trained),
+                 draft_method: str | None = None, mesh=None, rules=None):
+    """The bundled "target" or "draft" model as a CausalLM (`dtype`, `scan_layers`, `mesh`
+    and `rules` as in `load_checkpoint`: e.g. "bfloat16" or jnp.bfloat16; default float32,
+    as trained),
     or a trained feature drafter of the bundled target ("medusa", "eagle", "eagle3",
     "mtp": a `specjax.drafters.Medusa` / `Eagle` sharing the float32 target's embedding and
     LM head; `draft_method` "sample" or "greedy", default each drafter's)."""
@@ -56,6 +57,8 @@ def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
         return load_head_for(path, load_bundled("target"), draft_method)
     if draft_method is not None:
         raise ValueError("draft_method is for the feature drafters (medusa, eagle, eagle3, mtp)")
+    if mesh is None and rules is not None:
+        raise ValueError("rules= needs mesh=: pass the jax.sharding.Mesh to place on")
     if not (path / "params").exists():
         raise FileNotFoundError(
             f"the bundled {name} checkpoint is missing at {path}; this checkout has no trained "
@@ -63,7 +66,7 @@ def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
             "docs/checkpoints.md)")
     from specjax_models.checkpoint import load_checkpoint  # orbax: loaded when needed
 
-    return load_checkpoint(path, dtype, scan_layers=scan_layers)
+    return load_checkpoint(path, dtype, scan_layers=scan_layers, mesh=mesh, rules=rules)
 
 
 def bundled_prompts() -> list[dict]:

@@ -83,6 +83,7 @@ def load_checkpoint(path: str | Path, dtype=None, scan_layers: bool | None = Non
     # Restore onto this machine's default device, whatever device wrote the checkpoint, or
     # each array onto its shards of `mesh`.
     rules, where = loading_placement(mesh, rules)
+    where = where and where.for_model(config)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree_util.tree_map_with_path(
         lambda key, m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device if where is None

@@ -238,7 +238,8 @@ def _convert_gguf(path: Path, dtype, scan_layers: bool, placement=None):
     permute = meta["general.architecture"] == "llama"  # qwen2 files are not permuted
     abstract = abstract_transformer(config)
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    filler = ParamFiller(abstract_params, config.storage_dtype, placement)
+    filler = ParamFiller(abstract_params, config.storage_dtype,
+                         placement and placement.for_model(config))
     mapping = _weight_map(config)
     used = set()
     for name, _ in filler.targets():

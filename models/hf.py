@@ -363,7 +363,8 @@ def _convert_pretrained(path: Path, hf_config: dict, file_of: dict, dtype, scan_
     available = set(file_of)
     abstract = abstract_transformer(config)
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    filler = ParamFiller(abstract_params, config.storage_dtype, placement)
+    filler = ParamFiller(abstract_params, config.storage_dtype,
+                         placement and placement.for_model(config))
     mapping = _weight_map(config, available)
     # Plan first, then read file by file: each shard's memory map is closed as soon as its
     # tensors are converted, so the peak is the parameters plus about one shard.

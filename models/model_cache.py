@@ -201,7 +201,8 @@ def _build(arrays: dict, config, scan_layers: bool, placement=None) -> specjax.C
     config = dataclasses.replace(config, scan_layers=bool(scan_layers))
     abstract = abstract_transformer(config)
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    filler = ParamFiller(abstract_params, config.storage_dtype, placement)
+    filler = ParamFiller(abstract_params, config.storage_dtype,
+                         placement and placement.for_model(config))
     for name, _ in filler.targets():
         filler.set(name, arrays[name])
     return specjax.CausalLM.from_nnx(nnx.merge(graphdef, filler.state()))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -93,7 +92,6 @@ def shard(lm: specjax.CausalLM, mesh: Mesh, rules: ShardingRules) -> specjax.Cau
     `mesh` by `rules` and caches created sharded. A dimension that does not divide by its
     mesh axis is refused, naming the parameter and the dimension; so are rules that name
     an axis the mesh lacks."""
-    check_mesh(mesh, rules)
     if isinstance(getattr(lm, "init_cache_fn", None), _ShardedInitCache):  # placed before
         lm = dataclasses.replace(lm, init_cache_fn=lm.init_cache_fn.inner)
     if not isinstance(lm, specjax.CausalLM) or not hasattr(lm.apply_fn, "graphdef") \
@@ -103,8 +101,7 @@ def shard(lm: specjax.CausalLM, mesh: Mesh, rules: ShardingRules) -> specjax.Cau
     module_config = getattr(nnx.merge(lm.apply_fn.graphdef, lm.params), "config", None)
     if not hasattr(module_config, "num_kv_heads"):
         raise TypeError("shard expects a CausalLM of a specjax_models.Transformer")
-    _check_heads(module_config, mesh, rules)
-    where = placement(mesh, rules)
+    where = Placement(mesh, rules).for_model(module_config)
     placed = [(path, leaf.replace(jax.device_put(leaf.get_value(),
                                                  where(path, leaf.get_value().shape))))
               for path, leaf in nnx.to_flat_state(lm.params)]
@@ -112,15 +109,27 @@ def shard(lm: specjax.CausalLM, mesh: Mesh, rules: ShardingRules) -> specjax.Cau
                                init_cache_fn=_ShardedInitCache(lm.init_cache_fn, mesh, rules))
 
 
-def placement(mesh: Mesh, rules: ShardingRules) -> Callable[[tuple, tuple], NamedSharding]:
-    """`where(path, shape)`: the sharding of the parameter at `path` (for loaders, which
-    place each tensor on its shards as they read it: `ParamFiller(placement=...)`)."""
-    check_mesh(mesh, rules)
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where each parameter of a model goes on `mesh` by `rules`: `placement(path, shape)`
+    is its sharding (loaders place each tensor on its shards as they read it:
+    `ParamFiller(placement=...)`). `for_model(config)` checks the model's head counts
+    first (heads are split whole), so a mesh that cannot hold the model is refused before
+    anything is read."""
 
-    def where(path: tuple, shape: tuple) -> NamedSharding:
+    mesh: Mesh
+    rules: ShardingRules
+
+    def __post_init__(self):
+        check_mesh(self.mesh, self.rules)
+
+    def for_model(self, config) -> Placement:
+        _check_heads(config, self.mesh, self.rules)
+        return self
+
+    def __call__(self, path: tuple, shape: tuple) -> NamedSharding:
         what = "parameter " + ".".join(str(p) for p in path)
-        return named_sharding(mesh, rules, param_axes(path, len(shape)), shape, what)
-    return where
+        return named_sharding(self.mesh, self.rules, param_axes(path, len(shape)), shape, what)
 
 
 def loading_placement(mesh: Mesh | None, rules: ShardingRules | None):
@@ -131,7 +140,7 @@ def loading_placement(mesh: Mesh | None, rules: ShardingRules | None):
             raise ValueError("rules= needs mesh=: pass the jax.sharding.Mesh to place on")
         return None, None
     rules = default_rules(mesh) if rules is None else rules
-    return rules, placement(mesh, rules)
+    return rules, Placement(mesh, rules)
 
 
 def _check_heads(config, mesh: Mesh, rules: ShardingRules) -> None:

@@ -229,7 +229,9 @@ def test_the_command_line_decodes_smollm2_on_a_mesh():
     texts = [json.loads(run.stdout)["text"] for run in runs]
     assert texts[0] == texts[1] and "Paris" in texts[0]
     refused = run_cli("generate", "x", "--mesh", "data=2", env=env)
-    assert refused.returncode == 2 and "--mesh data=2" in refused.stderr
+    assert refused.returncode == 2 and "--mesh data=2" in refused.stderr  # 3 devices
+    refused = run_cli("generate", "x", "--mesh", "data=3", env=env)
+    assert refused.returncode == 2 and "one prompt, one row" in refused.stderr
     refused = run_cli("generate", "x", "--mesh", "model=3", env=env)  # the bundled target
     assert refused.returncode == 2 and "num_heads (8) does not divide" in refused.stderr
 

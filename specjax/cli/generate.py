@@ -98,10 +98,10 @@ def register(sub) -> None:
                      help="a feature head trained by `specjax train-drafter` for --drafter "
                           "medusa/eagle/eagle3/mtp (default: the bundled target's)")
     gen.add_argument("--mesh", default=None, metavar="AXES",
-                     help="shard the target over the devices: data=N (rows), model=N "
-                          "(tensor parallel: heads and MLP columns) or both, e.g. "
-                          "data=2,model=4; the sizes multiply to the device count (default: "
-                          "one device)")
+                     help="shard the target over the devices: model=N (tensor parallel: "
+                          "heads and MLP columns split over N devices, the device count; "
+                          "one prompt has no rows for a data axis to split) (default: one "
+                          "device)")
     add_prompt_lookup_options(gen)
     add_model_free_options(gen)
     add_self_speculation_options(gen)

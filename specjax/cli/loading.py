@@ -17,16 +17,16 @@ SELF_CHOICES = ("layer-skip",)
 PUBLISHED = "published"  # --drafter-dir: a downloaded EAGLE / Medusa head
 
 
-def load_model(path: str | None, name: str):
+def load_model(path: str | None, name: str, mesh=None):
     """An orbax checkpoint or a Hugging Face directory (safetensors) at `path`, else the
-    bundled model `name`."""
+    bundled model `name`; on `mesh` (each tensor read onto its shards) when given."""
     import specjax_models
 
     try:
         if path and any(Path(path).glob("*.safetensors")):
-            return specjax_models.from_pretrained(path)
-        return (specjax_models.load_checkpoint(path) if path
-                else specjax_models.load_bundled(name))
+            return specjax_models.from_pretrained(path, mesh=mesh)
+        return (specjax_models.load_checkpoint(path, mesh=mesh) if path
+                else specjax_models.load_bundled(name, mesh=mesh))
     except (FileNotFoundError, ValueError) as error:
         raise CliError(str(error)) from None
 
@@ -300,20 +300,10 @@ def parse_mesh(args):
         default_rules(mesh)
     except ValueError as error:
         raise CliError(f"--mesh {spec}: {error}") from None
+    if mesh.shape.get("data", 1) > 1:
+        raise CliError(f"--mesh {spec}: the command decodes one prompt, one row, which a data "
+                       "axis of more than one device cannot split; use model=N")
     return mesh
-
-
-def on_mesh(target, mesh, spec: str):
-    """`target` placed on `mesh` (its axes' preset rules), refusals naming --mesh."""
-    if mesh is None:
-        return target
-    import specjax_models
-    from specjax.sharding import default_rules
-
-    try:
-        return specjax_models.shard(target, mesh, default_rules(mesh))
-    except (TypeError, ValueError) as error:
-        raise CliError(f"--mesh {spec}: {error}") from None
 
 
 def load_smollm2(mesh=None):
@@ -369,7 +359,7 @@ def load_pair(args, sampling, lookup, speculative: bool):
                            "--method draft --out DIR)")
         target, tokenizer = load_smollm2(mesh)
     else:
-        target = on_mesh(load_model(args.target, "target"), mesh, getattr(args, "mesh", ""))
+        target = load_model(args.target, "target", mesh)
         tokenizer = specjax_models.ByteTokenizer()
     if getattr(args, "prefill_chunk", None) is not None:
         target = target.with_prefill_chunk(args.prefill_chunk)
