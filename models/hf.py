@@ -321,8 +321,9 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False, *,
       mtp: also return the checkpoint's MTP drafter (refused when it has none).
       mesh, rules: a `jax.sharding.Mesh` to place the target on by `specjax.sharding`
         rules (default: the preset its axis names ask for); each tensor goes straight to
-        its shards as it is read (see `specjax_models.shard`). The MTP drafter stays
-        replicated.
+        its shards as it is read (see `specjax_models.shard`). The MTP drafter's own
+        weights are not placed (replicated); the embedding it shares with the target keeps
+        the target's placement.
     """
     if mtp:  # refused before the target is read, not after
         from specjax_models.published_drafters import load_drafter

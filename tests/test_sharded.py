@@ -54,7 +54,7 @@ SCRIPT = textwrap.dedent("""
     prompts = [[1 + (7 * r + i) % 30 for i in range(3 + r)] for r in range(8)]
     greedy = dict(max_new_tokens=12, sampling=specjax.GREEDY, eos_id=5)
     reference = specjax.generate(lm, prompts, **greedy)
-    tokens = lambda out: np.asarray(out.tokens)[:, :].tolist()
+    tokens = lambda out: np.asarray(out.tokens).tolist()
     lengths = lambda out: np.asarray(out.lengths).tolist()
     full = jnp.asarray([p[:3] for p in prompts])
     results = {"reference": [tokens(reference), lengths(reference)]}
@@ -66,8 +66,8 @@ SCRIPT = textwrap.dedent("""
         row["placed"] = [list(x.sharding.spec) for x in
                          (sharded.params["layers"][0]["attention"]["q_proj"]["kernel"][...],
                           sharded.params["embed"]["embedding"][...])]
-        row["generate"] = [tokens(o), lengths(o)] if (o := specjax.generate(
-            sharded, prompts, **greedy)) else None
+        out = specjax.generate(sharded, prompts, **greedy)
+        row["generate"] = [tokens(out), lengths(out)]
         row["logits"] = float(jnp.max(jnp.abs(sharded.logits(full) - lm.logits(full))))
         out = specjax.speculative_generate(sharded, draft, prompts, num_draft_tokens=3,
                                            **greedy)
@@ -99,6 +99,12 @@ SCRIPT = textwrap.dedent("""
                                              draft, [3, 1, 4], sampled, num_draft_tokens=2,
                                              rows_per_setting=4000)
     results["pvalues"] = pvalues
+    # Tensor parallel: the vocabulary is split, so sampling (top-k, top-p) reads logits
+    # spread over the devices.
+    pvalues, _ = speculative_joint_pvalues(
+        specjax_models.shard(lm, mesh_from_spec("model=8"), TENSOR_PARALLEL), draft,
+        [3, 1, 4], sampled, num_draft_tokens=2, rows_per_setting=4000, seed=1)
+    results["pvalues, model=8"] = pvalues
     results["sampled acceptance"] = float(np.asarray(out.stats.accepted).sum()
                                           / np.asarray(out.stats.proposed).sum())
     refusals = []
@@ -192,6 +198,8 @@ def test_tensor_parallel_forward_has_two_all_reduces_per_layer_and_no_gather(
 @pytest.mark.slow  # one process of its own on 8 devices: about 75 s
 def test_sampled_decoding_on_a_mesh_is_exact(on_eight_devices):
     assert min(on_eight_devices["pvalues"]) > 1e-3, on_eight_devices["pvalues"]
+    assert min(on_eight_devices["pvalues, model=8"]) > 1e-3, on_eight_devices[
+        "pvalues, model=8"]
     assert 0.0 < on_eight_devices["sampled acceptance"] < 1.0
 
 
