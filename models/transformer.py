@@ -630,7 +630,8 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens_BT: Array, positions_BT: Array, cache: KVCache | None = None,
                  cache_lengths_B: Array | None = None, new_mask_BTT: Array | None = None,
-                 feature_layers: tuple[int, ...] = (), layers: tuple[int, ...] | None = None):
+                 feature_layers: tuple[int, ...] = (), layers: tuple[int, ...] | None = None,
+                 head: bool = True):
         """`(logits f32[B,T,V], hidden[B,T,D], cache)`. With `feature_layers` (static layer
         indices), hidden is `[B, T, F + 1, D]`: the residual stream entering each listed
         layer, then the final (normed) hidden state, from this same forward (EAGLE-3 reads
@@ -639,7 +640,11 @@ class Transformer(nnx.Module):
         `layers` (static, increasing layer indices; None: all): run only these blocks, the
         others pass the residual stream through unchanged and their cache entries are not
         touched (self-speculation drafts with the target's own weights this way, reading
-        the cache the full model wrote for the layers it runs)."""
+        the cache the full model wrote for the layers it runs).
+
+        `head=False`: stop after the blocks: `(None, residual stream [B, T, D], cache)`, the
+        stream leaving the last block run, before the final norm and the LM head (an early
+        exit: Kangaroo drafts from the stream after the first n blocks)."""
         cfg = self.config
         for layer in feature_layers:
             if not 0 <= layer < cfg.num_layers:
@@ -736,6 +741,12 @@ class Transformer(nnx.Module):
                     new_keys.append(layer_kv[0][0])
                     new_values.append(layer_kv[1][0])
             new_kv = None if cache is None else (tuple(new_keys), tuple(new_values))
+        new_cache = None if cache is None else KVCache(new_kv[0], new_kv[1], key_positions_BS)
+        if not head:
+            if feature_layers:
+                raise ValueError("head=False returns the residual stream itself; "
+                                 "feature_layers is for forwards that reach the head")
+            return None, x_BTD, new_cache
         hidden_BTD = self.final_norm(x_BTD)
         # The head accumulates and returns float32 even for bfloat16 models: rounding the
         # logits to bfloat16 would make exact ties common (8 bits of mantissa), and which
@@ -751,7 +762,6 @@ class Transformer(nnx.Module):
                                     self.lm_head.kernel[...].astype(cfg.compute_dtype),
                                     preferred_element_type=jnp.float32)
         logits_BTV = _softcap(logits_BTV.astype(jnp.float32), cfg.final_logit_softcap)
-        new_cache = None if cache is None else KVCache(new_kv[0], new_kv[1], key_positions_BS)
         if feature_layers:
             hidden_BTD = jnp.stack([f.astype(hidden_BTD.dtype) for f in features]
                                    + [hidden_BTD], axis=2)

@@ -22,6 +22,7 @@ _SOURCES = {
     "PromptLookup": "specjax.drafters",
     "Lookahead": "specjax.drafters",
     "LayerSkip": "specjax.drafters",
+    "EarlyExit": "specjax.drafters",
     "AdaptiveLength": "specjax.drafters",
     "Retrieval": "specjax.drafters",
     "Datastore": "specjax.datastore",
@@ -60,6 +61,7 @@ __all__ = [
     "DecodeState",
     "DraftModel",
     "DynamicTree",
+    "EarlyExit",
     "GenerateOutput",
     "LayerSkip",
     "Lookahead",
@@ -106,6 +108,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from specjax.drafters import (
         AdaptiveLength,
         DraftModel,
+        EarlyExit,
         LayerSkip,
         Lookahead,
         PromptLookup,

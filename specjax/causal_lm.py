@@ -32,9 +32,11 @@ class _NnxApply:
     graphdef: Any
 
     def __call__(self, params, tokens, positions, cache, cache_lengths, new_mask=None,
-                 feature_layers=(), layers=None):
+                 feature_layers=(), layers=None, head=True):
         module = nnx.merge(self.graphdef, params)
         extra = {} if layers is None else {"layers": layers}
+        if not head:
+            extra["head"] = False
         if feature_layers:
             extra["feature_layers"] = feature_layers
         return module(tokens, positions, cache, cache_lengths, new_mask, **extra)
@@ -159,7 +161,7 @@ class CausalLM:
 
     def apply(self, tokens_BT: Array, positions_BT: Array, cache, cache_lengths_B: Array,
               new_mask_BTT: Array | None = None, feature_layers: tuple[int, ...] = (),
-              layers: tuple[int, ...] | None = None):
+              layers: tuple[int, ...] | None = None, head: bool = True):
         """`(logits f32[B,T,V], hidden[B,T,D], cache)` for T new tokens per row.
 
         `feature_layers` (static): hidden becomes `[B, T, F + 1, D]`, the residual stream
@@ -167,7 +169,23 @@ class CausalLM:
         `apply_fn` must then take a `feature_layers=` keyword (`from_nnx` models do).
         `layers` (static increasing block indices, None: all): run only those blocks
         (see `num_layers`); the cache entries of the others are left as they were.
+        `head=False` (with `layers`): stop after those blocks and return `(None, residual
+        stream [B, T, D], cache)`, the stream before the final norm (an early exit,
+        `specjax.drafters.EarlyExit`); the LM head is not computed.
         """
+        if not head:
+            if layers is None:
+                raise ValueError("head=False is an early exit after a subset of the layers: "
+                                 "pass layers= as well")
+            if feature_layers:
+                raise ValueError("head=False returns the residual stream itself; "
+                                 "feature_layers is for forwards that reach the head")
+            if self.num_layers is None:
+                raise ValueError("this CausalLM cannot exit early: its apply_fn takes no "
+                                 "layers= / head= (build it with CausalLM.from_nnx from a "
+                                 "specjax_models.Transformer)")
+            return self.apply_fn(self.params, tokens_BT, positions_BT, cache, cache_lengths_B,
+                                 new_mask_BTT, layers=tuple(layers), head=False)
         if layers is not None:
             if self.num_layers is None:
                 raise ValueError("this CausalLM cannot run a subset of its layers: its "

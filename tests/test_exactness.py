@@ -28,6 +28,7 @@ from specjax.datastore import Datastore
 from specjax.drafters import (
     AdaptiveLength,
     Eagle,
+    EarlyExit,
     FeatureHeadConfig,
     LayerSkip,
     Lookahead,
@@ -149,6 +150,23 @@ def layer_skip(**settings):
     return make
 
 
+def early_exit(**settings):
+    """Kangaroo: the target's blocks before its last one (none for the 1-block micro
+    target: the embedding alone), then a random adapter, sharpened as `eagle`'s."""
+
+    def make(draft, target):
+        _, lm_head = specjax_models.embedding_and_head(target)
+        d_model = lm_head.shape[1]
+        config = FeatureHeadConfig(kind="kangaroo", d_model=d_model, num_heads=2,
+                                   num_kv_heads=1, d_ff=2 * d_model,
+                                   feature_layers=(target.num_layers - 1,))
+        drafter = EarlyExit.create(config, lm_head, jax.random.key(6), **settings)
+        return drafter.with_params(jax.tree.map(lambda x: 8.0 * x if x.ndim == 2 else x,
+                                                drafter.params))
+
+    return make
+
+
 ENTRIES = {
     "draft model, chain, sampled": Entry(lambda d, t: DraftModel(d, "sample")),
     "draft model, chain, argmax": Entry(lambda d, t: DraftModel(d, "greedy"), slow_stats=True),
@@ -211,6 +229,14 @@ ENTRIES = {
     "layer skip, chain, sampled": Entry(layer_skip()),
     "layer skip, chain, argmax, confidence threshold": Entry(
         layer_skip(method="greedy", min_confidence=0.2), slow_greedy=True, slow_stats=True),
+    # Kangaroo: the target's first blocks, an adapter, the target's head; the early exit
+    # (graded widths, a draft loop that stops when every row has exited).
+    "kangaroo early exit, chain, sampled": Entry(early_exit(stop_below=0.3)),
+    "kangaroo, chain, argmax, every draft": Entry(early_exit(method="greedy", stop_below=None),
+                                                  slow_greedy=True, slow_stats=True),
+    "kangaroo, chain, adaptive length": Entry(
+        lambda d, t: AdaptiveLength(early_exit(stop_below=None)(d, t), start=2),
+        slow_greedy=True, slow_stats=True),
     "draft model, chain, adaptive length": Entry(
         lambda d, t: AdaptiveLength(DraftModel(d, "sample"), start=1)),
     "eagle3, chain, adaptive length": Entry(

@@ -10,6 +10,7 @@ from specjax.drafters.base import (
 )
 from specjax.drafters.draft_model import DraftModel, DraftModelState
 from specjax.drafters.eagle import Eagle, EagleState
+from specjax.drafters.early_exit import EarlyExit, EarlyExitState
 from specjax.drafters.feature_head import FeatureHeadConfig
 from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.lookahead import Lookahead, LookaheadState
@@ -18,6 +19,7 @@ from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.retrieval import Retrieval
 
 __all__ = ["AdaptiveLength", "AdaptiveLengthState", "Commit", "DraftContext", "DraftModel",
-           "DraftModelState", "Drafter", "Eagle", "EagleState", "FeatureHeadConfig",
+           "DraftModelState", "Drafter", "Eagle", "EagleState", "EarlyExit",
+           "EarlyExitState", "FeatureHeadConfig",
            "LayerSkip", "Lookahead", "LookaheadState", "Medusa", "MedusaState",
            "PromptLookup", "Proposal", "Retrieval", "eagle3_feature_layers"]

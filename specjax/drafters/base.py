@@ -176,15 +176,19 @@ def confident_drafts(confidence_BK2: Array, min_confidence: float) -> Array:
     return jnp.sum(jnp.cumprod(offered_BK, axis=1), axis=1).astype(jnp.int32)
 
 
-def draft_chain(step, carry, keys_K: Array, budget: Array | None = None):
-    """`lax.scan(step, carry, keys_K)` -> `(carry, outputs [K, ...])`, or, with a traced
-    `budget` (the most drafts any row will offer, `AdaptiveLength`), only the first
-    `budget` steps, in a loop of that many trips: the outputs of the steps not run are
-    zeros (never verified: every row offers fewer drafts than that)."""
-    if budget is None:
+def draft_chain(step, carry, keys_K: Array, budget: Array | None = None,
+                keep_going=None):
+    """`lax.scan(step, carry, keys_K)` -> `(carry, outputs [K, ...])`, or a loop that may
+    stop early: with a traced `budget` (the most drafts any row will offer,
+    `AdaptiveLength`) it runs only the first `budget` steps, and with `keep_going(carry) ->
+    bool` (an early exit: no row will offer another draft) it stops once that is False
+    after a step (the first step always runs). The outputs of the steps not run are
+    zeros: never verified, since no row offers them."""
+    if budget is None and keep_going is None:
         return jax.lax.scan(step, carry, keys_K)
     shapes = jax.eval_shape(step, carry, keys_K[0])[1]
     outputs = jax.tree.map(lambda s: jnp.zeros(keys_K.shape[:1] + s.shape, s.dtype), shapes)
+    limit = keys_K.shape[0] if budget is None else jnp.minimum(budget, keys_K.shape[0])
 
     def body(state):
         index, carry, outputs = state
@@ -192,8 +196,14 @@ def draft_chain(step, carry, keys_K: Array, budget: Array | None = None):
         return index + 1, carry, jax.tree.map(lambda all_, one: all_.at[index].set(one),
                                               outputs, out)
 
-    _, carry, outputs = jax.lax.while_loop(lambda state: state[0] < budget, body,
-                                           (jnp.int32(0), carry, outputs))
+    def cond(state):
+        index, carry, _ = state
+        going = index < limit
+        if keep_going is not None:
+            going = going & ((index == 0) | keep_going(carry))
+        return going
+
+    _, carry, outputs = jax.lax.while_loop(cond, body, (jnp.int32(0), carry, outputs))
     return carry, outputs
 
 

@@ -193,8 +193,9 @@ class Eagle:
              method: str = "sample") -> Eagle:
         kind, fields, params = load_head(directory)
         if kind != "eagle":
+            loader = HEAD_LOADERS.get(kind, kind)
             raise ValueError(f"{directory} holds a {kind} head, not an EAGLE/MTP head; load "
-                             f"it with specjax.drafters.{kind.capitalize()}.load")
+                             f"it with specjax.drafters.{loader}.load")
         directory = Path(directory)
         config = head_config_from(directory, fields)
         draft_vocab = params.pop(DRAFT_VOCAB_KEY, None)
@@ -459,6 +460,9 @@ def most_frequent_tokens(tokens, size: int) -> np.ndarray:
     return np.sort(order[:min(size, counts.size)])
 
 
+# A saved head's kind -> the drafter class that loads it.
+HEAD_LOADERS = {"eagle": "Eagle", "medusa": "Medusa", "early_exit": "EarlyExit"}
+
 HEAD_REMEDY = "train the head again (specjax train-drafter) or copy a complete one"
 
 
@@ -478,10 +482,10 @@ def load_head(directory: str | Path) -> tuple[str, dict, dict]:
         raise FileNotFoundError(f"no trained head at {directory} (expected head.json and "
                                 "head.npz, as `specjax train-drafter` writes)")
     meta = read_json(directory / "head.json", HEAD_REMEDY)
-    if meta.get("kind") not in ("eagle", "medusa") or not isinstance(meta.get("config"), dict):
+    if meta.get("kind") not in HEAD_LOADERS or not isinstance(meta.get("config"), dict):
         raise damaged(directory / "head.json", f"names kind {meta.get('kind')!r} with config "
-                      f"{type(meta.get('config')).__name__}, expected kind 'eagle' or "
-                      "'medusa' and a config object", HEAD_REMEDY)
+                      f"{type(meta.get('config')).__name__}, expected a kind of "
+                      f"{tuple(HEAD_LOADERS)} and a config object", HEAD_REMEDY)
     if not (directory / "head.npz").exists():
         raise FileNotFoundError(f"{directory} has head.json but no head.npz (an incomplete "
                                 f"copy?); {HEAD_REMEDY}")

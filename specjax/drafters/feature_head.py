@@ -13,6 +13,13 @@ state for position t whose logits (through the target's own LM head) predict tok
   unrolled on its own outputs), no feature regression.
 - "mtp" (DeepSeek-V3's multi-token prediction module): input
   `proj([norm(embedding(token)); norm(feature)])`, one module reused recursively.
+- "kangaroo" (Liu et al. 2024, Kangaroo's adapter): the input at position t is the target's
+  residual stream leaving its first n blocks at t itself (`feature_layers=(n,)`, the
+  stream entering block n), which already holds token t; no embedding, no shift. Its
+  output at t predicts token t + 1. At drafting time the target's own first n blocks
+  give the stream of each drafted token (`specjax.drafters.EarlyExit`), so the adapter
+  never reads its own outputs: trained teacher-forced, it sees at inference exactly what
+  it was trained on.
 
 The layer itself is a pre-norm Llama block (RMSNorm, RoPE, grouped-query attention,
 SwiGLU) with its own KV cache `[B, S, H_kv, head_dim]`; logits are
@@ -47,7 +54,7 @@ from jaxtyping import Float, Int
 
 from specjax import attention, rope
 
-HEAD_KINDS = ("eagle1", "eagle3", "mtp")
+HEAD_KINDS = ("eagle1", "eagle3", "mtp", "kangaroo")
 LAYER_INPUTS = ("fc", "concat")
 FUSE_NORMS = ("none", "joint", "per_layer")
 
@@ -56,10 +63,11 @@ FUSE_NORMS = ("none", "joint", "per_layer")
 class FeatureHeadConfig:
     """Static shape of a feature head (frozen, hashable).
 
-    kind: "eagle1", "eagle3" or "mtp" (see the module docstring). d_model: the target's
-    width (features and embeddings). feature_layers: the target layers whose incoming
-    residual streams an "eagle3" head fuses (empty for the others, which read the final
-    hidden state). num_heads / num_kv_heads / head_dim / d_ff: the head's block.
+    kind: "eagle1", "eagle3", "mtp" or "kangaroo" (see the module docstring). d_model: the
+    target's width (features and embeddings). feature_layers: the target layers whose
+    incoming residual streams an "eagle3" head fuses, or the one layer a "kangaroo"
+    adapter exits at (empty for the others, which read the final hidden state).
+    num_heads / num_kv_heads / head_dim / d_ff: the head's block.
     layer_input, norm_before_residual, attn_norm, final_norm, qkv_bias, first_pair,
     rope_scaling, zero_first_embedding, fuse_norm, norm_output: the published layers'
     switches (module docstring); the defaults are the heads `specjax train-drafter` trains.
@@ -100,9 +108,20 @@ class FeatureHeadConfig:
         if self.kind == "mtp" and self.feature_norm:
             raise ValueError("an mtp head always normalises its feature; feature_norm is for "
                              "eagle1 and eagle3 heads")
-        if self.kind != "eagle3" and self.feature_layers:
+        if self.kind == "kangaroo":
+            if len(self.feature_layers) != 1 or self.feature_layers[0] < 0:
+                raise ValueError("a kangaroo adapter reads the residual stream entering one "
+                                 "target layer, its exit layer: pass feature_layers=(n,), "
+                                 f"n >= 0, got {self.feature_layers}")
+            if self.layer_input != "fc" or self.fuse_norm != "none" or \
+                    self.zero_first_embedding or self.norm_output:
+                raise ValueError("a kangaroo adapter reads the stream alone: layer_input, "
+                                 "fuse_norm, zero_first_embedding and norm_output are for "
+                                 "EAGLE / MTP heads")
+        elif self.kind != "eagle3" and self.feature_layers:
             raise ValueError(f"a {self.kind} head reads the target's final hidden state only; "
-                             "feature_layers is for kind='eagle3'")
+                             "feature_layers is for kind='eagle3' (and a kangaroo adapter's "
+                             "exit layer)")
         if self.layer_input not in LAYER_INPUTS:
             raise ValueError(f"layer_input must be one of {LAYER_INPUTS}, got "
                              f"{self.layer_input!r}")
@@ -164,7 +183,7 @@ def init_head_params(config: FeatureHeadConfig, key: Array) -> dict:
               "w_gate": (d, config.d_ff), "w_up": (d, config.d_ff), "w_down": (config.d_ff, d)}
     if config.kind == "mtp":
         shapes["proj"] = (2 * d, d)
-    elif config.layer_input == "fc":
+    elif config.layer_input == "fc" and config.kind != "kangaroo":
         shapes["fc"] = (2 * d, d)
     if config.kind == "eagle3":
         shapes["fuse"] = (len(config.feature_layers) * d, d)
@@ -182,7 +201,7 @@ def init_head_params(config: FeatureHeadConfig, key: Array) -> dict:
         norms += ["feature_norm"]
     for norm in norms:
         params[norm] = jnp.ones((d,), jnp.float32)
-    if config.kind != "mtp" and config.layer_input == "fc":
+    if config.kind not in ("mtp", "kangaroo") and config.layer_input == "fc":
         params["fc_bias"] = jnp.zeros((d,), jnp.float32)
     if fuse_norm_shape is not None:
         params["fuse_norm"] = jnp.ones(fuse_norm_shape, jnp.float32)
@@ -207,7 +226,14 @@ def _lead(vector: Array, ndim: int) -> Array:
 def fuse_features(params: dict, config: FeatureHeadConfig, hidden: Array) -> Array:
     """The feature a head reads from the target's output `hidden` ([..., D], or
     [..., F + 1, D] when it asked for feature layers): the final hidden state, or for
-    eagle3 the fused [low; middle; high] streams. Returns float32 [..., D]."""
+    eagle3 the fused [low; middle; high] streams; for kangaroo the stream entering its exit
+    layer (`hidden` [..., 2, D]). Returns float32 [..., D]."""
+    if config.kind == "kangaroo":
+        if hidden.shape[-2:] != (2, config.d_model):
+            raise ValueError(f"a kangaroo adapter reads [..., 2, {config.d_model}] features "
+                             f"(its exit layer's stream, then the final hidden state), got "
+                             f"{tuple(hidden.shape)}")
+        return hidden[..., 0, :].astype(jnp.float32)
     if config.kind != "eagle3":
         if hidden.shape[-1] != config.d_model:
             raise ValueError(f"the target's features have width {hidden.shape[-1]} but the "
@@ -234,6 +260,12 @@ def head_inputs(params: dict, config: FeatureHeadConfig, embedding_VD: Array,
     the previous position: `(residual [B, T, D], attention input [B, T, A])`, float32; A is
     `config.attention_width`. `positions` (the tokens' positions) are needed by a
     `zero_first_embedding` head."""
+    if config.kind == "kangaroo":  # the stream at t already holds token t: no embedding
+        x_BTD = features_BTD.astype(jnp.float32)
+        if config.feature_norm:
+            x_BTD = rms_norm(x_BTD, params["feature_norm"], config.rms_norm_eps)
+        return x_BTD, (rms_norm(x_BTD, params["attn_norm"], config.rms_norm_eps)
+                       if config.attn_norm else x_BTD)
     token_ids = jnp.clip(tokens_BT, 0, embedding_VD.shape[0] - 1)
     embedded_BTD = embedding_VD[token_ids].astype(jnp.float32)
     if config.zero_first_embedding:

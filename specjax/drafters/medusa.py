@@ -30,6 +30,7 @@ from specjax.causal_lm import CausalLM
 from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.drafters.draft_model import DRAFT_METHODS
 from specjax.drafters.eagle import (
+    HEAD_LOADERS,
     HEAD_REMEDY,
     accepted_feature_index,
     load_head,
@@ -157,7 +158,7 @@ class Medusa:
         kind, fields, params = load_head(directory)
         if kind != "medusa":
             raise ValueError(f"{directory} holds a {kind} head, not Medusa heads; load it "
-                             "with specjax.drafters.Eagle.load")
+                             f"with specjax.drafters.{HEAD_LOADERS.get(kind, kind)}.load")
         heads, d_model = fields.get("num_heads"), fields.get("d_model")
         if not all(isinstance(v, int) and v >= 1 for v in (heads, d_model)):
             raise damaged(Path(directory) / "head.json", f"gives num_heads {heads!r} and "
