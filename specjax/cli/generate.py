@@ -60,7 +60,9 @@ def register(sub) -> None:
                           "leading drafts the drafter is confident in (the earlier drafts' "
                           "probabilities times its top probability reach C), a one-token "
                           "step when none (pays where a wide verify costs more than a "
-                          "one-token step, as on CPUs; default: verify all K)")
+                          "one-token step, as on CPUs; default: verify all K); kangaroo: "
+                          "its early exit, drafting stops at the first draft whose top "
+                          "probability is under C (default: its own, 0.6)")
     gen.add_argument("--dynamic-tree", default=None, metavar="NODES,DEPTH,TOP_K",
                      help="draft an EAGLE-2 dynamic token tree per step instead of a chain "
                           "of K: NODES verified per target forward, at most DEPTH deep, "
@@ -82,7 +84,9 @@ def register(sub) -> None:
                           "row's own text (both model-free token trees), the target itself "
                           "with --skip blocks skipped (layer-skip), or a "
                           "feature head reading the target's hidden states (medusa, eagle, "
-                          "eagle3, mtp; the bundled target ships trained ones) (default: "
+                          "eagle3, mtp; kangaroo: an adapter over the target's first "
+                          "blocks, Kangaroo's early exit; the bundled target ships trained "
+                          "ones) (default: "
                           "model for the bundled pair, prompt-lookup for smollm2; eagle3 with "
                           "--model smollm2 uses its shipped EAGLE-3 head)")
     gen.add_argument("--hf", default=None, metavar="DIR",
@@ -96,7 +100,7 @@ def register(sub) -> None:
                           "speculators layout), EAGLE-1/2 or Medusa-1 heads")
     gen.add_argument("--head", default=None,
                      help="a feature head trained by `specjax train-drafter` for --drafter "
-                          "medusa/eagle/eagle3/mtp (default: the bundled target's)")
+                          "medusa/eagle/eagle3/mtp/kangaroo (default: the bundled target's)")
     gen.add_argument("--mesh", default=None, metavar="AXES",
                      help="shard the target over the devices: model=N (tensor parallel: "
                           "heads and MLP columns split over N devices, the device count; "

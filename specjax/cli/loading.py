@@ -11,7 +11,7 @@ from pathlib import Path
 
 from specjax.cli.common import CliError, check_dir
 
-HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp")
+HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp", "kangaroo")
 MODEL_FREE_CHOICES = ("lookahead", "retrieval")
 SELF_CHOICES = ("layer-skip",)
 PUBLISHED = "published"  # --drafter-dir: a downloaded EAGLE / Medusa head
@@ -56,7 +56,7 @@ def validate_decoding(args):
                        "as `specjax train-drafter` writes)")
     choice = drafter_choice(args)
     if head is not None and choice not in HEAD_CHOICES:
-        raise CliError("--head needs --drafter medusa, eagle, eagle3 or mtp")
+        raise CliError("--head needs --drafter medusa, eagle, eagle3, mtp or kangaroo")
     shipped_for_smollm2 = (args.model == "smollm2" and choice == "eagle3"
                            and smollm2_head() is not None)
     if head is None and choice in HEAD_CHOICES and (args.model != "bundled" or args.target) \
@@ -231,9 +231,10 @@ def check_min_confidence(args, tree) -> None:
         check_min_confidence(value)
     except ValueError as error:
         raise CliError(str(error).replace("min_confidence", "--min-confidence")) from None
-    if drafter_choice(args) not in ("model", "eagle", "eagle3", "mtp", *SELF_CHOICES):
+    if drafter_choice(args) not in ("model", "eagle", "eagle3", "mtp", "kangaroo",
+                                    *SELF_CHOICES):
         raise CliError("--min-confidence needs a drafter that scores its drafts (--drafter "
-                       "model, eagle, eagle3, mtp or layer-skip)")
+                       "model, eagle, eagle3, mtp, kangaroo or layer-skip)")
     if tree is not None:
         raise CliError("--min-confidence is for chains (each step verifies its confident "
                        "drafts); a --dynamic-tree already keeps the likeliest nodes")
@@ -399,11 +400,13 @@ def load_pair(args, sampling, lookup, speculative: bool):
 
 
 def finish_drafter(args, drafter):
-    """The drafter with --min-confidence and --adaptive-length applied."""
+    """The drafter with --min-confidence (a Kangaroo adapter's early-exit threshold) and
+    --adaptive-length applied."""
     if drafter is not None and getattr(args, "min_confidence", None) is not None:
         import dataclasses
 
-        drafter = dataclasses.replace(drafter, min_confidence=args.min_confidence)
+        field = "stop_below" if hasattr(drafter, "stop_below") else "min_confidence"
+        drafter = dataclasses.replace(drafter, **{field: args.min_confidence})
     if drafter is not None and getattr(args, "adaptive_length", False):
         from specjax.drafters import AdaptiveLength
 

@@ -45,13 +45,20 @@ def register(sub) -> None:
                         "--checkpoint-every 250 --eval-every 250; smollm2 --steps 600 "
                         "--batch-size 16 --learning-rate 1e-3 --seq-len 256 "
                         "--checkpoint-every 25 --eval-every 50.")
-    td.add_argument("--method", choices=["medusa", "eagle", "eagle3", "mtp", "draft"],
+    td.add_argument("--method", choices=["medusa", "eagle", "eagle3", "mtp", "kangaroo",
+                                         "draft"],
                     required=True,
                     help="medusa: heads on the last hidden state; eagle: EAGLE-1 (feature "
                          "regression); eagle3: EAGLE-3 (three fused layers, training-time "
-                         "test); mtp: a DeepSeek-V3 MTP module reused recursively; draft "
+                         "test); mtp: a DeepSeek-V3 MTP module reused recursively; kangaroo: "
+                         "an adapter over the target's first --exit-layer blocks (Kangaroo "
+                         "early exit, drafted with specjax.drafters.EarlyExit); draft "
                          "(smollm2): a small draft model of some of the target's layers "
                          "(--draft-layers), distilled on the same cached answers")
+    td.add_argument("--exit-layer", type=int, default=2,
+                    help="--method kangaroo: the adapter reads the stream after the target's "
+                         "first N blocks; each draft runs those N blocks, the adapter and the "
+                         "LM head (default: %(default)s, Kangaroo's)")
     td.add_argument("--draft-layers", default="0,1",
                     help="--method draft: the target layers the draft starts from, run in "
                          "this order (default: %(default)s)")
@@ -172,6 +179,10 @@ def run(args) -> int:
     target = load_model(args.target, "target")
     target_config = (specjax_models.load_config(args.target) if args.target
                      else specjax_models.TARGET_CONFIG)
+    if args.method == "kangaroo" and not 0 <= args.exit_layer < target_config.num_layers:
+        raise CliError(f"--exit-layer {args.exit_layer}: the target has "
+                       f"{target_config.num_layers} blocks; the adapter reads the stream "
+                       f"entering one of them (0 to {target_config.num_layers - 1})")
     corpus = load_corpus(args)
     started = time.perf_counter()
     train, heldout = _drafter_data(args, target, corpus, out)
@@ -181,11 +192,13 @@ def run(args) -> int:
         from specjax.drafters.eagle import most_frequent_tokens
 
         if args.method == "medusa" or args.draft_vocab < 1:
-            raise CliError("--draft-vocab takes a positive size, for eagle / eagle3 / mtp")
+            raise CliError("--draft-vocab takes a positive size, for eagle / eagle3 / mtp / "
+                           "kangaroo")
         draft_vocab = most_frequent_tokens(train, args.draft_vocab)
         say(f"draft vocabulary: the {len(draft_vocab)} most frequent ids of the data")
     drafter = create_head(args.method, target, target_config, seed=args.seed,
-                          medusa_heads=args.medusa_heads, draft_vocab=draft_vocab)
+                          medusa_heads=args.medusa_heads, draft_vocab=draft_vocab,
+                          exit_layer=args.exit_layer)
     say(f"training a {args.method} drafter ({num_params(drafter) / 1e6:.2f}M params; the "
          "target's embedding and LM head are shared and frozen)")
     held = [heldout[i * args.batch_size:(i + 1) * args.batch_size]
@@ -234,10 +247,10 @@ def _draft_layers(text: str) -> tuple[int, ...]:
 def _train_chat_drafter(args) -> int:
     """train-drafter --model smollm2: an EAGLE-3 head from SmolLM2's own chat answers,
     the target's outputs cached once (specjax_models.recipes.smollm2_head)."""
-    if args.method not in ("eagle3", "draft"):
-        raise CliError(f"--model smollm2 trains an EAGLE-3 head (--method eagle3) or a "
-                       f"distilled layer draft (--method draft); {args.method} heads train on "
-                       "the bundled target only")
+    if args.method not in ("eagle3", "kangaroo", "draft"):
+        raise CliError(f"--model smollm2 trains an EAGLE-3 head (--method eagle3), a Kangaroo "
+                       f"adapter (--method kangaroo) or a distilled layer draft (--method "
+                       f"draft); {args.method} heads train on the bundled target only")
     layers = _draft_layers(args.draft_layers)
     if args.target:
         raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
@@ -272,6 +285,17 @@ def _train_chat_drafter(args) -> int:
     except ValueError as error:
         raise CliError(str(error).replace("temperature", "--data-temperature")
                        .replace("length", "--seq-len")) from None
+    if args.method == "kangaroo":  # checked against the cached layers before SmolLM2 loads
+        from specjax.drafters import eagle3_feature_layers as cached_layers
+
+        try:
+            depth = specjax_models.gguf_config(specjax_models.smollm2_path()).num_layers
+        except (FileNotFoundError, ImportError):
+            depth = None  # load_smollm2 says what to install
+        if depth is not None and args.exit_layer not in cached_layers(depth):
+            raise CliError(f"--exit-layer {args.exit_layer}: --model smollm2 caches the "
+                           f"streams entering layers {list(cached_layers(depth))} once for "
+                           "every head it trains; a Kangaroo adapter exits at one of them")
     if args.method == "draft":  # the layers checked against SmolLM2's depth before it loads
         from specjax_models import select_layers_config
 
@@ -305,15 +329,18 @@ def _train_chat_drafter(args) -> int:
                                         heldout_rows=args.eval_batches * args.batch_size,
                                         seed=args.seed, max_seconds=args.max_seconds)
         else:
-            say(f"training an EAGLE-3 head (draft vocabulary {args.draft_vocab or 'full'}; "
-                 "the target's embedding and LM head shared and frozen)")
+            name = "an EAGLE-3 head" if args.method == "eagle3" else (
+                f"a Kangaroo adapter after {args.exit_layer} blocks")
+            say(f"training {name} (draft vocabulary {args.draft_vocab or 'full'}; the "
+                 "target's embedding and LM head shared and frozen)")
             metadata = train_chat_head(target, target_config, work, out,
                                        train_config=training_config(args),
                                        draft_vocab=args.draft_vocab or None,
                                        batch_size=args.batch_size,
                                        heldout_rows=args.eval_batches * args.batch_size,
                                        unroll=args.unroll or 4, seed=args.seed,
-                                       max_seconds=args.max_seconds)
+                                       max_seconds=args.max_seconds, method=args.method,
+                                       exit_layer=args.exit_layer)
     except ValueError as error:  # e.g. layers beyond SmolLM2's 30
         raise CliError(str(error)) from None
     metadata.update({

@@ -18,6 +18,10 @@ Losses, float32, averaged over valid positions:
   after the prefix ending at t - j (it attends to the teacher pairs up to t - j and to its
   own chain), weighted `decay ** j`.
 - mtp: the same unrolled recursion with a hard cross-entropy on the generated tokens.
+- kangaroo (an `EarlyExit` adapter): soft cross-entropy of the adapter over the stream
+  leaving the target's first n blocks at t against the target's distribution at t,
+  teacher-forced: at inference the adapter reads the target's own streams of the drafted
+  tokens too, never its own outputs, so there is nothing to unroll.
 
 Cached target outputs (`train_head_cached`, EAGLE-3): for a target too costly to run in
 every step (SmolLM2 on CPU), `cache_target_outputs` runs it once over the data and keeps
@@ -43,11 +47,13 @@ import numpy as np
 from specjax.autoregressive import generate
 from specjax.causal_lm import CausalLM
 from specjax.drafters.eagle import Eagle
+from specjax.drafters.early_exit import EarlyExit
 from specjax.drafters.feature_head import (
     attention_weights,
     finish_block,
     first_pair_visibility,
     fuse_features,
+    head_block,
     head_inputs,
     head_logits,
     project_qkv,
@@ -58,8 +64,8 @@ from specjax.training.cached import masked_mean, soft_label_terms
 from specjax.training.config import TrainConfig
 from specjax.training.loop import TrainResult, _run, epoch_batches
 
-HEAD_METHODS = ("medusa", "eagle", "eagle3", "mtp")
-DEFAULT_UNROLL = {"medusa": 1, "eagle": 1, "eagle3": 4, "mtp": 4}
+HEAD_METHODS = ("medusa", "eagle", "eagle3", "mtp", "kangaroo")
+DEFAULT_UNROLL = {"medusa": 1, "eagle": 1, "eagle3": 4, "mtp": 4, "kangaroo": 1}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,7 +86,7 @@ class HeadTrainConfig:
             object.__setattr__(self, "unroll", DEFAULT_UNROLL[self.method])
         if self.unroll < 1:
             raise ValueError(f"unroll must be >= 1, got {self.unroll}")
-        if self.method in ("medusa", "eagle") and self.unroll != 1:
+        if self.method in ("medusa", "eagle", "kangaroo") and self.unroll != 1:
             raise ValueError(f"{self.method} trains teacher-forced (unroll=1); training-time "
                              "test is for eagle3 and mtp")
         if not 0 < self.decay <= 1:
@@ -214,7 +220,29 @@ def _medusa_terms(drafter: Medusa, target: CausalLM, tokens_BT, config: HeadTrai
     return terms
 
 
+def adapter_outputs(drafter: EarlyExit, hidden) -> jax.Array:
+    """A Kangaroo adapter's outputs [B, T, D] over the streams in the target's features
+    (`[B, T, 2, D]`: its exit layer's, then the final), causal and teacher-forced."""
+    stream_BTD = fuse_features(drafter.params, drafter.config, hidden)
+    batch, length = stream_BTD.shape[:2]
+    positions_BT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    inputs = head_inputs(drafter.params, drafter.config, None, None, stream_BTD)
+    return head_block(drafter.params, drafter.config, inputs, positions_BT, None)[0]
+
+
+def _kangaroo_terms(drafter: EarlyExit, target: CausalLM, tokens_BT):
+    p_BTV, hidden = target_outputs(target, tokens_BT, drafter.feature_layers)
+    logits_BTV = drafter._logits(adapter_outputs(drafter, hidden), p_BTV.shape[-1])
+    return [(jnp.mean(_soft_cross_entropy(p_BTV, logits_BTV)),
+             jnp.mean(_acceptance(p_BTV, logits_BTV)))]
+
+
 def head_terms(drafter, target: CausalLM, tokens_BT, config: HeadTrainConfig):
+    if config.method == "kangaroo" or isinstance(drafter, EarlyExit):
+        if config.method != "kangaroo" or not isinstance(drafter, EarlyExit):
+            raise TypeError("method 'kangaroo' trains a specjax.drafters.EarlyExit, and an "
+                            "EarlyExit trains with method 'kangaroo'")
+        return _kangaroo_terms(drafter, target, tokens_BT)
     if config.method == "medusa":
         if not isinstance(drafter, Medusa):
             raise TypeError("method 'medusa' trains a specjax.drafters.Medusa")
@@ -313,9 +341,15 @@ def _cached_terms(drafter: Eagle, batch: dict, config: HeadTrainConfig):
     cross-entropy against the target's top-k, expected acceptance over that mass), averaged
     over positions whose chain starts inside the loss mask."""
     tokens_BT = batch["tokens"]
+    mask_BT = batch["loss_mask"].astype(bool)
+    if isinstance(drafter, EarlyExit):
+        log_q_BTV = jax.nn.log_softmax(head_logits(
+            drafter.params, drafter.config, drafter.lm_head,
+            adapter_outputs(drafter, batch["hidden"])), axis=-1)
+        return [soft_label_terms(log_q_BTV, batch["label_index"], batch["label_probs"],
+                                 mask_BT)]
     features_BTD = fuse_features(drafter.params, drafter.config, batch["hidden"])
     outputs = unrolled_head(drafter, tokens_BT, features_BTD, config.unroll)
-    mask_BT = batch["loss_mask"].astype(bool)
     terms = []
     for step, out_BTD in enumerate(outputs):
         # Scored over the head's own (possibly reduced) vocabulary: no scatter to V.
@@ -327,11 +361,14 @@ def _cached_terms(drafter: Eagle, batch: dict, config: HeadTrainConfig):
 
 
 def _check_cached(drafter, data: dict, head_config: HeadTrainConfig) -> None:
-    if head_config.method != "eagle3" or not isinstance(drafter, Eagle) \
-            or drafter.config.kind != "eagle3":
-        raise ValueError("training on cached target outputs is for EAGLE-3 heads "
-                         "(method 'eagle3' and an Eagle of kind 'eagle3'); train the others "
-                         "with train_head, which runs the target in every step")
+    eagle3 = head_config.method == "eagle3" and isinstance(drafter, Eagle) \
+        and drafter.config.kind == "eagle3"
+    kangaroo = head_config.method == "kangaroo" and isinstance(drafter, EarlyExit)
+    if not (eagle3 or kangaroo):
+        raise ValueError("training on cached target outputs is for EAGLE-3 heads (method "
+                         "'eagle3' and an Eagle of kind 'eagle3') and Kangaroo adapters "
+                         "(method 'kangaroo' and an EarlyExit); train the others with "
+                         "train_head, which runs the target in every step")
     missing = [key for key in CACHED_KEYS if key not in data]
     if missing:
         raise ValueError(f"cached data lacks {missing}; it needs {CACHED_KEYS}")
@@ -356,18 +393,21 @@ def train_head_cached(drafter: Eagle, data: dict, config: TrainConfig,
                       checkpoint_dir: str | Path | None = None, heldout: list[dict] = (),
                       seed: int = 0, progress: bool = True,
                       max_seconds: float | None = None) -> TrainResult:
-    """Train an EAGLE-3 `drafter` on cached target outputs: `data` (and each `heldout`
-    batch) a dict of arrays with CACHED_KEYS: tokens int32 [N, T], hidden [N, T, F + 1, D]
-    (from `cache_target_outputs`), label_index int32 [N, T, k] (`draft_label_index`),
-    label_probs [N, T, k], loss_mask bool [N, T] (positions whose next token is drafted
-    at inference: the answer, not the prompt). Same loop, checkpoints and exact resume as
-    `train_head`; the target is not needed."""
+    """Train an EAGLE-3 `drafter` (or a Kangaroo `EarlyExit` adapter) on cached target
+    outputs: `data` (and each `heldout` batch) a dict of arrays with CACHED_KEYS: tokens
+    int32 [N, T], hidden [N, T, F + 1, D] (from `cache_target_outputs` with the head's
+    feature layers; an adapter's F = 1, its exit layer), label_index int32 [N, T, k]
+    (`draft_label_index`), label_probs [N, T, k], loss_mask bool [N, T] (positions whose
+    next token is drafted at inference: the answer, not the prompt). Same loop,
+    checkpoints and exact resume as `train_head`; the target is not needed."""
     _check_cached(drafter, data, head_config)
     for batch in heldout:
         _check_cached(drafter, batch, head_config)
 
     def with_shared(model, shared):
         # The frozen embedding and head come in as arguments, not as program constants.
+        if isinstance(model, EarlyExit):
+            return dataclasses.replace(model, lm_head=shared[1])
         return dataclasses.replace(model, embedding=shared[0], lm_head=shared[1])
 
     def loss_of(model, batch, shared):
@@ -382,5 +422,6 @@ def train_head_cached(drafter: Eagle, data: dict, config: TrainConfig,
     batches = epoch_batches(data, batch_size, seed)
     return _run(drafter, loss_of, lambda step, params: batches(step), config,
                 checkpoint_dir and Path(checkpoint_dir), list(heldout), "train-drafter",
-                progress, max_seconds, aux=(drafter.embedding, drafter.lm_head),
+                progress, max_seconds,
+                aux=(getattr(drafter, "embedding", None), drafter.lm_head),
                 metrics_of=metrics_of)
