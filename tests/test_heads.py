@@ -8,27 +8,36 @@ from conftest import tiny_config
 
 import specjax
 import specjax_models
-from specjax.drafters import Eagle, Medusa
+from specjax.drafters import Eagle, EarlyExit, Medusa
 
 
 @pytest.mark.parametrize("method, kind", [("medusa", None), ("eagle", "eagle1"),
-                                          ("eagle3", "eagle3"), ("mtp", "mtp")])
+                                          ("eagle3", "eagle3"), ("mtp", "mtp"),
+                                          ("kangaroo", "kangaroo")])
 def test_a_head_of_each_method_fits_its_target(tiny_lm, method, kind):
-    head = specjax_models.create_head(method, tiny_lm, tiny_config(), medusa_heads=3)
+    head = specjax_models.create_head(method, tiny_lm, tiny_config(), medusa_heads=3,
+                                      exit_layer=1)
     if method == "medusa":
         assert isinstance(head, Medusa) and head.num_heads == 3
         return
-    assert isinstance(head, Eagle) and head.config.kind == kind
+    assert isinstance(head, EarlyExit if kind == "kangaroo" else Eagle)
+    assert head.config.kind == kind
+    if kind == "kangaroo":  # it exits where it was told
+        assert head.exit_layer == 1 and head.feature_layers == (1,)
     assert head.config.d_model == tiny_config().d_model
     if kind == "eagle3":  # the layers EAGLE-3 fuses, for this target's depth
         assert head.config.feature_layers == specjax.drafters.eagle3_feature_layers(2)
 
 
-@pytest.mark.parametrize("method", ["medusa", "eagle3"])
+@pytest.mark.parametrize("method", ["medusa", "eagle3", "kangaroo"])
 def test_a_saved_head_loads_back_and_drafts_the_same(tiny_lm, tmp_path, method):
-    head = specjax_models.create_head(method, tiny_lm, tiny_config(), seed=4)
+    head = specjax_models.create_head(method, tiny_lm, tiny_config(), seed=4, exit_layer=1)
+    if method == "kangaroo":  # every draft offered: the untrained adapter is unsure
+        head = head.with_stop_below(None)
     head.save(tmp_path)
     loaded = specjax_models.load_head_for(tmp_path, tiny_lm)
+    if method == "kangaroo":
+        loaded = loaded.with_stop_below(None)
     for a, b in zip(jax.tree.leaves(head.params), jax.tree.leaves(loaded.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     kwargs = dict(max_new_tokens=8, num_draft_tokens=2, sampling=specjax.GREEDY)
@@ -47,3 +56,5 @@ def test_refusals_name_the_problem(tiny_lm, tmp_path):
         specjax_models.create_head("lookahead", tiny_lm, tiny_config())
     with pytest.raises(FileNotFoundError):
         specjax_models.load_head_for(tmp_path / "none", tiny_lm)
+    with pytest.raises(ValueError, match=r"exit_layer 2 is outside the target's \[0, 2\)"):
+        specjax_models.create_head("kangaroo", tiny_lm, tiny_config(), exit_layer=2)

@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, TESTS)
     from conftest import build_lm
     import specjax, specjax_models
-    from specjax.drafters import Eagle, FeatureHeadConfig, eagle3_feature_layers
+    from specjax.drafters import Eagle, EarlyExit, FeatureHeadConfig, eagle3_feature_layers
     from specjax.sharding import (DATA_AND_TENSOR, DATA_PARALLEL, TENSOR_PARALLEL,
                                   ShardingRules, mesh_from_spec)
     from specjax.testing import speculative_joint_pvalues
@@ -50,6 +50,11 @@ SCRIPT = textwrap.dedent("""
     head = Eagle.create(head_config, embedding, lm_head, jax.random.key(2))
     head = head.with_params(jax.tree.map(lambda x: 6.0 * x if x.ndim == 2 else x,
                                          head.params))
+    kangaroo = EarlyExit.create(FeatureHeadConfig(
+        kind="kangaroo", d_model=embedding.shape[1], num_heads=4, num_kv_heads=2, d_ff=96,
+        feature_layers=(1,)), lm_head, jax.random.key(3), stop_below=0.2)
+    kangaroo = kangaroo.with_params(jax.tree.map(lambda x: 6.0 * x if x.ndim == 2 else x,
+                                                 kangaroo.params))
     tree = specjax.TreeShape.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
     prompts = [[1 + (7 * r + i) % 30 for i in range(3 + r)] for r in range(8)]
     greedy = dict(max_new_tokens=12, sampling=specjax.GREEDY, eos_id=5)
@@ -79,6 +84,10 @@ SCRIPT = textwrap.dedent("""
             sharded, head, prompts, tree=specjax.DynamicTree(6, 3, 2), **greedy)
         row["eagle3 dynamic tree"] = [tokens(out), lengths(out)]
         row["accepted"] = int(np.asarray(out.stats.accepted).sum())
+        # Kangaroo: the sharded target's first block, then a replicated adapter.
+        out = specjax.speculative_generate(sharded, kangaroo, prompts, num_draft_tokens=3,
+                                           **greedy)
+        row["kangaroo early exit"] = [tokens(out), lengths(out)]
         streamed = [[] for _ in prompts]
         for chunk in specjax.speculative_stream(sharded, draft, prompts, num_draft_tokens=3,
                                                 **greedy):
@@ -165,7 +174,7 @@ MESHES = ("data=8", "model=8", "data=2,model=4")
 def test_outputs_on_a_mesh_equal_one_devices(on_eight_devices, mesh):
     row, reference = on_eight_devices[mesh], on_eight_devices["reference"]
     for decoder in ("generate", "draft chain", "sharded draft, static tree",
-                    "eagle3 dynamic tree"):
+                    "eagle3 dynamic tree", "kangaroo early exit"):
         assert row[decoder] == reference, (mesh, decoder)
     reference_tokens, reference_lengths = reference
     assert row["stream"] == [t[:n] for t, n in zip(reference_tokens, reference_lengths,
