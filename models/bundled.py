@@ -15,7 +15,8 @@ from specjax_models.transformer import TransformerConfig
 
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
 MODEL_NAMES = ("target", "draft")
-HEAD_NAMES = ("medusa", "eagle", "eagle3", "mtp")  # feature drafters of the target
+# Feature drafters of the target (and Kangaroo's adapter over its first blocks).
+HEAD_NAMES = ("medusa", "eagle", "eagle3", "mtp", "kangaroo")
 # Drafters for SmolLM2-135M-Instruct shipped with the package (see their MODEL_CARDs): an
 # EAGLE-3 head and a distilled layer draft (specjax_models.recipes trains them).
 SMOLLM2_HEAD = CHECKPOINTS / "smollm2_eagle3"
@@ -45,7 +46,8 @@ def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
     as trained),
     or a trained feature drafter of the bundled target ("medusa", "eagle", "eagle3",
     "mtp": a `specjax.drafters.Medusa` / `Eagle` sharing the float32 target's embedding and
-    LM head; `draft_method` "sample" or "greedy", default each drafter's)."""
+    LM head; "kangaroo": a `specjax.drafters.EarlyExit` adapter over its first 2 blocks;
+    `draft_method` "sample" or "greedy", default each drafter's)."""
     path = bundled_path(name)
     if name in HEAD_NAMES:
         from specjax_models.heads import load_head_for
@@ -56,7 +58,8 @@ def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
                 f"train-drafter --method {name} --out {path}`")
         return load_head_for(path, load_bundled("target"), draft_method)
     if draft_method is not None:
-        raise ValueError("draft_method is for the feature drafters (medusa, eagle, eagle3, mtp)")
+        raise ValueError("draft_method is for the feature drafters (medusa, eagle, eagle3, mtp, "
+                         "kangaroo)")
     if mesh is None and rules is not None:
         raise ValueError("rules= needs mesh=: pass the jax.sharding.Mesh to place on")
     if not (path / "params").exists():

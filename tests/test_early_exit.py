@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import build_lm
+from conftest import build_lm, tiny_config
 
 import specjax
 import specjax_models
@@ -68,6 +68,16 @@ def test_drafts_follow_the_adapter_over_the_streams_of_the_text(exit_layer):
         logits = reference_logits(target, drafter, prompt + list(tokens[b, :-1]))
         expected = jax.nn.softmax(logits[len(prompt) - 1:], axis=-1)
         np.testing.assert_allclose(q[b], expected, atol=2e-5)
+
+
+def test_scanned_and_unrolled_layers_draft_alike(tmp_path):
+    unrolled = build_lm(5, num_layers=3)
+    specjax_models.save_checkpoint(unrolled, tiny_config(num_layers=3), tmp_path)
+    scanned = specjax_models.load_checkpoint(tmp_path, scan_layers=True)
+    drafter = adapter(unrolled, 2, stop_below=None)
+    outs = [proposal_of(lm, drafter)[1] for lm in (unrolled, scanned)]
+    np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
+    np.testing.assert_allclose(outs[0].q, outs[1].q, atol=1e-5)
 
 
 def test_the_adapter_cache_after_steps_equals_one_built_from_scratch():

@@ -14,8 +14,9 @@ from specjax_models.bundled import HEAD_NAMES, bundled_path
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 TITLES = {"medusa": "Medusa heads", "eagle": "EAGLE-1 head", "eagle3": "EAGLE-3 head",
-          "mtp": "MTP module"}
-LABELS = {"medusa": "Medusa", "eagle": "EAGLE-1", "eagle3": "EAGLE-3", "mtp": "MTP"}
+          "mtp": "MTP module", "kangaroo": "Kangaroo adapter"}
+LABELS = {"medusa": "Medusa", "eagle": "EAGLE-1", "eagle3": "EAGLE-3", "mtp": "MTP",
+          "kangaroo": "Kangaroo"}
 ARCHITECTURE = {
     "medusa": "4 Medusa heads on the target's final hidden state: head m adds a residual "
               "block SiLU(h W_m + b_m) (256 x 256, initialised at zero) and reads the token "
@@ -37,6 +38,13 @@ ARCHITECTURE = {
            "proj([RMSNorm(embedding(token)); RMSNorm(feature)]), one decoder layer of the "
            "target's shape, a final norm and the target's LM head (frozen). Loss: "
            "cross-entropy on the generated tokens over 4 unrolled steps, weighted 0.8^j.",
+    "kangaroo": "Kangaroo's early exit (Liu et al. 2024): the target's first 2 of 6 blocks "
+                "(shared, not copied), then one decoder layer of the target's shape over "
+                "the stream leaving them, with its own KV cache, then the target's LM head "
+                "(frozen); drafting stops at the first draft whose top probability is "
+                "under 0.6. Loss: soft cross-entropy against the target's distribution, "
+                "teacher-forced (the adapter reads the target's own streams when drafting "
+                "too).",
 }
 
 
@@ -63,7 +71,7 @@ def card(name: str, rows: list[dict]) -> str:
              f" warmup steps, cosine decay, weight decay {args['weight_decay']}, clipping 1.0), "
              f"seed {args['seed']}, the target frozen inside each step; {seconds / 60:.0f} "
              f"minutes on {meta['device']}. Loss curve: `history.jsonl`.",
-             f"- Command: `{meta['command']}` (all four: `bash "
+             f"- Command: `{meta['command']}` (all of them: `bash "
              "models/recipes/train_heads.sh WORK_DIR`; rerun to resume).",
              f"- Held-out expected acceptance at temperature 1 (sum_x min(p, q) per draft "
              f"depth, teacher prefix): {acceptance}.", ""]
@@ -76,9 +84,12 @@ def card(name: str, rows: list[dict]) -> str:
         lines += [f"| {r['mode']} | {r['batch']} | {r['drafter']} | "
                   f"{r['tau_all_prompts']:.2f} | {r['decode_speedup']:.2f}x |" for r in mine]
         lines.append("")
+    if name == "kangaroo":
+        lines += ["Measured in `benchmarks/results/kangaroo_cpu.md` (`python -m "
+                  "benchmarks.kangaroo`).", ""]
+    kind = {"medusa": "Medusa", "kangaroo": "EarlyExit"}.get(name, "Eagle")
     lines += ["Load: `specjax_models.load_bundled(\"" + name + "\")` (a "
-              + ("`specjax.drafters.Medusa`" if name == "medusa"
-                 else "`specjax.drafters.Eagle`") + " on the float32 bundled target); CLI: "
+              f"`specjax.drafters.{kind}` on the float32 bundled target); CLI: "
               f"`specjax generate --drafter {name}`.", ""]
     return "\n".join(lines)
 

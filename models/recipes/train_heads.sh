@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Train the bundled target's feature drafters (EAGLE-3, Medusa, EAGLE-1, MTP) by
-# self-distillation and install them in models/checkpoints/<method>. Resumable: rerun the
-# same command and each head continues from its latest checkpoint (the generated data is
-# cached in WORK_DIR and shared by the four runs).
+# Train the bundled target's feature drafters (EAGLE-3, Medusa, EAGLE-1, MTP, Kangaroo's
+# adapter) by self-distillation and install them in models/checkpoints/<method>.
+# Resumable: rerun the same command and each head continues from its latest checkpoint
+# (the generated data is cached in WORK_DIR and shared by the runs).
 #
 #   bash models/recipes/train_heads.sh WORK_DIR             # the bundled recipe (CPU: ~1 h)
 #   SCALE=tiny bash models/recipes/train_heads.sh WORK_DIR  # a smoke test of the pipeline
 #
-# Env: METHODS (default "eagle3 medusa eagle mtp"), STEPS_<METHOD> (e.g. STEPS_EAGLE3),
+# Env: METHODS (default "eagle3 medusa eagle mtp kangaroo"), STEPS_<METHOD> (e.g. STEPS_EAGLE3),
 # MAX_SECONDS (per head; stop early with a checkpoint, rerun to resume), NO_INSTALL=1.
 set -euo pipefail
 work="${1:?usage: train_heads.sh WORK_DIR}"
@@ -23,7 +23,7 @@ else
           --eval-every 100 --checkpoint-every 100 --log-every 20 --warmup-steps 50)
   default_steps=600
 fi
-for method in ${METHODS:-eagle3 medusa eagle mtp}; do
+for method in ${METHODS:-eagle3 medusa eagle mtp kangaroo}; do
   upper=$(echo "$method" | tr '[:lower:]' '[:upper:]')
   steps_var="STEPS_${upper}"
   steps=${!steps_var:-$default_steps}
