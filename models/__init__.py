@@ -17,7 +17,7 @@ from specjax.lazy import lazy_attributes
 # Public name -> the module that defines it.
 _SOURCES = {
     "DRAFT_CONFIG": "bundled", "SMOLLM2_DATASTORE": "bundled", "SMOLLM2_DRAFT": "bundled",
-    "SMOLLM2_HEAD": "bundled",
+    "SMOLLM2_HEAD": "bundled", "SMOLLM2_KANGAROO": "bundled",
     "TARGET_CONFIG": "bundled", "bundled_prompts": "bundled", "load_bundled": "bundled",
     "load_checkpoint": "checkpoint", "load_config": "checkpoint",
     "save_checkpoint": "checkpoint",
@@ -41,6 +41,7 @@ __all__ = [
     "SMOLLM2_DATASTORE",
     "SMOLLM2_DRAFT",
     "SMOLLM2_HEAD",
+    "SMOLLM2_KANGAROO",
     "TARGET_CONFIG",
     "ByteTokenizer",
     "KVCache",
@@ -83,6 +84,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
         SMOLLM2_DATASTORE,
         SMOLLM2_DRAFT,
         SMOLLM2_HEAD,
+        SMOLLM2_KANGAROO,
         TARGET_CONFIG,
         bundled_prompts,
         load_bundled,

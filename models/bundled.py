@@ -18,8 +18,10 @@ MODEL_NAMES = ("target", "draft")
 # Feature drafters of the target (and Kangaroo's adapter over its first blocks).
 HEAD_NAMES = ("medusa", "eagle", "eagle3", "mtp", "kangaroo")
 # Drafters for SmolLM2-135M-Instruct shipped with the package (see their MODEL_CARDs): an
-# EAGLE-3 head and a distilled layer draft (specjax_models.recipes trains them).
+# EAGLE-3 head, a Kangaroo adapter and a distilled layer draft (specjax_models.recipes
+# trains them).
 SMOLLM2_HEAD = CHECKPOINTS / "smollm2_eagle3"
+SMOLLM2_KANGAROO = CHECKPOINTS / "smollm2_kangaroo"
 SMOLLM2_DRAFT = CHECKPOINTS / "smollm2_draft"
 # SmolLM2's own answers as a retrieval datastore (specjax_models.recipes.smollm2_datastore).
 SMOLLM2_DATASTORE = CHECKPOINTS / "smollm2_datastore.npz"

@@ -29,7 +29,7 @@ from conftest import run_cli
      "the shipped heads belong to the bundled target"),
     (["train-drafter", "--model", "smollm2", "--method", "mtp", "--out", "/tmp/x"],
      "--model smollm2 trains an EAGLE-3 head"),
-    (["generate", "x", "--model", "smollm2", "--drafter", "kangaroo"],
+    (["generate", "x", "--model", "smollm2", "--drafter", "mtp"],
      "pass --head DIR with a head trained on this target"),
     (["generate", "x", "--drafter", "lookahead", "--min-confidence", "0.5"],
      "model, eagle, eagle3, mtp, kangaroo or layer-skip"),

@@ -96,8 +96,8 @@ def test_ctrl_c_ends_cleanly_with_what_was_generated():
 @pytest.mark.slow
 def test_smollm2_from_the_command_line():
     """`generate --model smollm2` answers a chat message with the tokens plain decoding
-    gives, drafted by prompt lookup (the default), the shipped EAGLE-3 head and the
-    shipped layer draft."""
+    gives, drafted by prompt lookup (the default), the shipped EAGLE-3 head, the shipped
+    Kangaroo adapter and the shipped layer draft."""
     smollm2_or_skip()
     question = "List the days of the week."
     spec = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32")
@@ -114,6 +114,12 @@ def test_smollm2_from_the_command_line():
     assert head.returncode == 0, head.stderr
     head_out = json.loads(head.stdout)
     assert head_out["tokens"] == plain_out["tokens"] and head_out["stats"]["draft_forwards"][0]
+    # The shipped Kangaroo adapter over SmolLM2's first 2 blocks, its early exit lowered.
+    early = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens",
+                    "32", "--drafter", "kangaroo", "--min-confidence", "0.3")
+    assert early.returncode == 0, early.stderr
+    early_out = json.loads(early.stdout)
+    assert early_out["tokens"] == plain_out["tokens"] and early_out["stats"]["draft_forwards"][0]
     # The shipped distilled layer draft (--drafter model): the same tokens again.
     draft = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32",
                 "--drafter", "model", "--num-draft-tokens", "3")

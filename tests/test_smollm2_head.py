@@ -72,6 +72,35 @@ def test_training_writes_a_loadable_head(tiny_lm, work, tmp_path):
     assert "6 chat prompts" in card and "depth 2:" in card and "12 most frequent" in card
 
 
+def test_a_kangaroo_adapter_trains_on_the_same_cached_streams(tiny_lm, work, tmp_path):
+    """The cached streams serve a Kangaroo adapter too (its exit layer one of them): it
+    trains, loads onto its target, decodes exactly and gets its own card."""
+    import specjax
+    from specjax.drafters import EarlyExit
+    from specjax_models.heads import load_head_for
+
+    settings = dict(train_config=TrainConfig(steps=2, warmup_steps=1, log_every=1,
+                                             eval_every=2, checkpoint_every=2),
+                    draft_vocab=12, batch_size=2, heldout_rows=2, method="kangaroo")
+    metadata = train_chat_head(tiny_lm, tiny_config(), work, tmp_path / "adapter",
+                               exit_layer=1, **settings)
+    assert metadata["method"] == "kangaroo" and metadata["exit_layer"] == 1
+    adapter = load_head_for(tmp_path / "adapter", tiny_lm)
+    assert isinstance(adapter, EarlyExit) and adapter.exit_layer == 1
+    plain = specjax.generate(tiny_lm, [[3, 4, 5, 6]], max_new_tokens=10,
+                             sampling=specjax.GREEDY)
+    out = specjax.speculative_generate(tiny_lm, adapter.with_stop_below(None), [[3, 4, 5, 6]],
+                                       max_new_tokens=10, num_draft_tokens=3,
+                                       sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(out.tokens, plain.tokens)
+    write_model_card(tmp_path / "adapter", work)
+    card = (tmp_path / "adapter" / "MODEL_CARD.md").read_text()
+    assert card.startswith("# Kangaroo adapter") and "first 1 blocks" in card
+    with pytest.raises(ValueError, match="exits at one of them, not 3"):
+        train_chat_head(tiny_lm, tiny_config(), work, tmp_path / "other", exit_layer=3,
+                        **settings)
+
+
 def test_a_work_directory_made_with_other_settings_is_refused(tiny_lm, work):
     import dataclasses
 

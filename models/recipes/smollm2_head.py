@@ -328,10 +328,12 @@ def write_kangaroo_card(out_dir: Path, work_dir, metadata: dict, config: dict, s
         f"- Held-out expected acceptance at temperature 1 over the target's top-32 mass "
         f"({metadata['heldout_rows']} held-out rows; a lower bound): "
         f"{last.get('acceptance@1', float('nan')):.3f}.", "",
-        "Speed and tau: `benchmarks/results/self_speculation_cpu.md` "
-        "(`python -m benchmarks.self_speculation`).", "",
-        "CLI: `specjax generate --model smollm2 --drafter kangaroo --head DIR`, "
-        "`specjax chat --drafter kangaroo --head DIR`."]
+        "Speed and tau: `benchmarks/results/kangaroo_cpu.md` "
+        "(`python -m benchmarks.kangaroo`).", "",
+        "Load: `specjax_models.heads.load_head_for(SMOLLM2_KANGAROO, target)` (the shipped "
+        "copy; `SMOLLM2_KANGAROO` from `specjax_models`); CLI: `specjax generate --model "
+        "smollm2 --drafter kangaroo`, `specjax chat --drafter kangaroo` (`--head DIR` for "
+        "another adapter)."]
     (out_dir / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
     copy_data_log(out_dir, work_dir)
 

@@ -57,12 +57,13 @@ def validate_decoding(args):
     choice = drafter_choice(args)
     if head is not None and choice not in HEAD_CHOICES:
         raise CliError("--head needs --drafter medusa, eagle, eagle3, mtp or kangaroo")
-    shipped_for_smollm2 = (args.model == "smollm2" and choice == "eagle3"
-                           and smollm2_head() is not None)
+    shipped_for_smollm2 = (args.model == "smollm2" and choice in ("eagle3", "kangaroo")
+                           and smollm2_head(choice) is not None)
     if head is None and choice in HEAD_CHOICES and (args.model != "bundled" or args.target) \
             and not shipped_for_smollm2:
         raise CliError(f"--drafter {choice}: the shipped heads belong to the bundled target "
-                       f"(and SmolLM2's eagle3); pass --head DIR with a head trained on "
+                       f"(and SmolLM2's eagle3 and kangaroo); pass --head DIR with a head "
+                       f"trained on "
                        f"this target (specjax train-drafter --method {choice} ...)")
     chunk = getattr(args, "prefill_chunk", None)
     if chunk is not None and chunk < 1:
@@ -269,11 +270,13 @@ def smollm2_draft(args):
     return directory if os.path.isfile(os.path.join(directory, "draft.json")) else None
 
 
-def smollm2_head():
-    """The shipped SmolLM2 EAGLE-3 head's directory, or None when absent."""
-    from specjax_models import SMOLLM2_HEAD
+def smollm2_head(choice: str = "eagle3"):
+    """The shipped SmolLM2 EAGLE-3 head's (or Kangaroo adapter's) directory, or None when
+    absent."""
+    from specjax_models import SMOLLM2_HEAD, SMOLLM2_KANGAROO
 
-    return SMOLLM2_HEAD if (SMOLLM2_HEAD / "head.json").exists() else None
+    directory = SMOLLM2_KANGAROO if choice == "kangaroo" else SMOLLM2_HEAD
+    return directory if (directory / "head.json").exists() else None
 
 
 def drafter_choice(args) -> str:
@@ -329,7 +332,7 @@ def load_head(args, choice, target):
     from specjax_models.heads import load_head_for
 
     head_dir = getattr(args, "head", None)
-    directory = head_dir or (smollm2_head() if args.model == "smollm2"
+    directory = head_dir or (smollm2_head(choice) if args.model == "smollm2"
                              else specjax_models.bundled.bundled_path(choice))
     method = "greedy" if args.greedy_draft else None
     try:
