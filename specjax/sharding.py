@@ -117,6 +117,39 @@ def named_sharding(mesh: Mesh, rules: ShardingRules, logical: Sequence[str | Non
     return NamedSharding(mesh, spec)
 
 
+def model_placement(lm) -> tuple[Mesh, ShardingRules] | None:
+    """`(mesh, rules)` a CausalLM was placed with (`specjax_models.shard` and the loaders'
+    `mesh=` record them on its cache factory), or None for a model on one device."""
+    factory = getattr(lm, "init_cache_fn", None)
+    mesh, rules = getattr(factory, "mesh", None), getattr(factory, "rules", None)
+    if isinstance(mesh, Mesh) and isinstance(rules, ShardingRules) and mesh.size > 1:
+        return mesh, rules
+    return None
+
+
+def pin_rows(tree, lm, batch: int):
+    """Inside jit: the per-row arrays of a decode state (rank 1 or 2, leading axis `batch`)
+    laid out explicitly by the rows' rule (split over the rules' batch axis when it
+    divides the batch, replicated otherwise), when `lm` is placed on a mesh. A state then
+    has one layout from its prefill on: left to propagation, the prefill returned them
+    replicated and the first step split them, so the second step compiled again and the
+    first one's donated buffers could not be reused. Caches (rank >= 3) keep what their
+    factories give them; nothing changes without a mesh."""
+    placement = model_placement(lm)
+    if placement is None:
+        return tree
+    mesh, rules = placement
+    axis = rules.batch if rules.batch and batch % mesh.shape[rules.batch] == 0 else None
+
+    def pin(x):
+        if getattr(x, "ndim", 0) not in (1, 2) or x.shape[0] != batch:
+            return x
+        spec = PartitionSpec(axis, *(None,) * (x.ndim - 1))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return jax.tree.map(pin, tree)
+
+
 def mesh_from_spec(spec: str | Mapping[str, int], devices=None) -> Mesh:
     """A mesh from "data=2,model=4" (or {"data": 2, "model": 4}) over `devices` (default:
     all of them); the sizes must multiply to the number of devices."""

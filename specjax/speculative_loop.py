@@ -23,6 +23,7 @@ from specjax.drafters.base import drafter_key
 from specjax.drafters.draft_model import DraftModel
 from specjax.inputs import check_pad_id, first_columns, prepare_batch, resolve_key
 from specjax.sampling import SamplingConfig, SamplingParams, distinct_configs, sampling_params
+from specjax.sharding import pin_rows
 from specjax.stats import SpeculativeStats
 from specjax.step import (
     SpeculativeConfig,
@@ -65,7 +66,7 @@ def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengt
                                     keep_hidden=layers is not None)
     sequence = jnp.zeros((batch, capacity), jnp.int32).at[:, :width].set(prompt_tokens_BP)
     zeros = jnp.zeros((batch,), jnp.int32)
-    return SpeculativeState(
+    return pin_rows(SpeculativeState(
         sequence=sequence, lengths=prompt_lengths_B, prompt_lengths=prompt_lengths_B,
         target_cache=cache,
         drafter_state=drafter.init(prompt_tokens_BP, prompt_lengths_B, capacity,
@@ -75,7 +76,8 @@ def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengt
         checked=zeros, accepted=zeros,
         accepted_per_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
         accepted_length_counts=jnp.zeros((batch, num_draft_tokens + 1), jnp.int32),
-        step_accepted=zeros, step_emitted=zeros, num_steps=jnp.zeros((), jnp.int32))
+        step_accepted=zeros, step_emitted=zeros, num_steps=jnp.zeros((), jnp.int32)),
+        target, batch)
 
 
 def drafters_tree(draft, tree):

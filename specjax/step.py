@@ -33,6 +33,7 @@ from specjax.sampling import (
     sample_from_probs,
     sampling_params,
 )
+from specjax.sharding import pin_rows
 from specjax.tree_acceptance import accept_tree_greedy, accept_tree_sampled
 from specjax.trees import DynamicTree, TreeBudget, TreeShape, ancestor_mask, tree_depths
 
@@ -440,7 +441,7 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
         offered_B = jnp.minimum(offered_drafts(proposal, num_nodes), verified)
     on_path_BN = jnp.any(verdict.path[:, :, None] == jnp.arange(num_nodes)[None, None, :],
                          axis=1)
-    return SpeculativeState(
+    return pin_rows(SpeculativeState(
         sequence=sequence, lengths=new_lengths_B, prompt_lengths=state.prompt_lengths,
         target_cache=target_cache, drafter_state=drafter_state, done=done_B, key=key,
         max_new_tokens=state.max_new_tokens, eos_ids=state.eos_ids,
@@ -458,7 +459,7 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
            & active_B[:, None]).astype(jnp.int32),
         step_accepted=jnp.where(active_B, jnp.minimum(num_accepted_B, num_emitted_B), 0),
         step_emitted=num_emitted_B,
-        num_steps=state.num_steps + jnp.any(active_B).astype(jnp.int32))
+        num_steps=state.num_steps + jnp.any(active_B).astype(jnp.int32)), target, batch)
 
 
 def compile_key(config: SpeculativeConfig, sampling: SamplingParams) -> SpeculativeConfig:

@@ -116,6 +116,25 @@ SCRIPT = textwrap.dedent("""
     results["pvalues, model=8"] = pvalues
     results["sampled acceptance"] = float(np.asarray(out.stats.accepted).sum()
                                           / np.asarray(out.stats.proposed).sum())
+    # Stepping by hand: the state keeps its layout from the prefill on, so the step
+    # compiles once and reuses its donated buffers.
+    from specjax.speculative_loop import init_speculative_state, speculative_config
+    from specjax.step import jitted_step
+    from specjax.testing import count_compilations
+    sharded = specjax_models.shard(lm, mesh_from_spec("data=2,model=4"), DATA_AND_TENSOR)
+    state, drafter = init_speculative_state(sharded, draft, prompts, max_new_tokens=12,
+                                            num_draft_tokens=3, sampling=specjax.GREEDY,
+                                            key=jax.random.key(0))
+    layouts = [x.sharding for x in jax.tree.leaves(state)]
+    config = speculative_config(3, specjax.GREEDY, None)
+    state = jitted_step(sharded, drafter, state, config)
+    with count_compilations() as compiled:  # the later steps take the first one's program
+        for _ in range(2):
+            state = jitted_step(sharded, drafter, state, config)
+    results["layouts kept"] = [b.is_equivalent_to(x.sharding, x.ndim)
+                               for b, x in zip(layouts, jax.tree.leaves(state))]
+    results["rows split"] = list(state.lengths.sharding.spec)
+    results["step compilations"] = len(compiled)
     refusals = []
     for make in (lambda: specjax_models.shard(build_lm(0), mesh_from_spec("model=8"),
                                               TENSOR_PARALLEL),
@@ -181,6 +200,16 @@ def test_outputs_on_a_mesh_equal_one_devices(on_eight_devices, mesh):
                                                    strict=True)]
     assert row["logits"] < 1e-4
     assert row["accepted"] > 0  # the head's drafts were accepted: speculation ran
+
+
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+def test_a_stepped_state_keeps_its_layout_and_the_step_compiles_once(on_eight_devices):
+    """Per-row arrays are split over the data axis from the prefill on (left to
+    propagation they came out of the prefill replicated and out of the first step split,
+    and the second step compiled again)."""
+    assert all(on_eight_devices["layouts kept"])
+    assert on_eight_devices["rows split"] == ["data"]
+    assert on_eight_devices["step compilations"] == 0
 
 
 @pytest.mark.slow  # one process of its own on 8 devices: about 75 s

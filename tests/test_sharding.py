@@ -12,7 +12,9 @@ from specjax.sharding import (
     ShardingRules,
     check_mesh,
     mesh_from_spec,
+    model_placement,
     named_sharding,
+    pin_rows,
 )
 
 
@@ -59,3 +61,9 @@ def test_rules_that_name_a_missing_mesh_axis_are_refused():
         check_mesh(mesh_from_spec("data=1"), TENSOR_PARALLEL)
     with pytest.raises(TypeError, match="jax.sharding.Mesh"):
         check_mesh("data=1", DATA_PARALLEL)
+
+
+def test_a_model_on_one_device_has_no_placement_and_its_rows_are_left_alone(tiny_lm):
+    assert model_placement(tiny_lm) is None
+    tree = {"lengths": jax.numpy.zeros(4, "int32")}
+    assert pin_rows(tree, tiny_lm, 4) is tree
