@@ -156,6 +156,12 @@ def test_save_and_load_round_trip(tmp_path):
     assert set(np.unique(np.asarray(a.tokens))) <= set(range(0, 32, 2))
     with pytest.raises(ValueError, match="EarlyExit.load"):
         specjax.drafters.Eagle.load(tmp_path, lm_head, lm_head)
+    # An archive that lost an array is refused by name, not loaded half.
+    arrays = dict(np.load(tmp_path / "head.npz"))
+    del arrays["wq"]
+    np.savez(tmp_path / "head.npz", **arrays)
+    with pytest.raises(ValueError, match="head.npz"):
+        EarlyExit.load(tmp_path, lm_head)
 
 
 @pytest.mark.parametrize("make, message", [

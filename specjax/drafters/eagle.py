@@ -207,13 +207,7 @@ class Eagle:
                 raise damaged(directory / "head.npz", f"its config names its own {key} but "
                               f"the archive holds {None if own[key] is None else own[key].shape}"
                               f", expected [rows, {config.d_model}]", HEAD_REMEDY)
-        expected = {name: value.shape for name, value in
-                    jax.eval_shape(lambda: init_head_params(config, jax.random.key(0))).items()}
-        check_arrays(directory / "head.npz", params, expected, HEAD_REMEDY)
-        if draft_vocab is not None and (draft_vocab.ndim != 1 or
-                                        not np.issubdtype(draft_vocab.dtype, np.integer)):
-            raise damaged(directory / "head.npz", f"its draft vocabulary is {draft_vocab.dtype}"
-                          f" {draft_vocab.shape}, expected a list of token ids", HEAD_REMEDY)
+        check_head_arrays(directory, config, params, draft_vocab)
         if embedding.shape[1] != config.d_model or lm_head.shape[1] != config.d_model:
             raise ValueError(f"the head in {directory} was trained on a target of width "
                              f"{config.d_model}; this target's embedding is "
@@ -490,6 +484,19 @@ def load_head(directory: str | Path) -> tuple[str, dict, dict]:
         raise FileNotFoundError(f"{directory} has head.json but no head.npz (an incomplete "
                                 f"copy?); {HEAD_REMEDY}")
     return meta["kind"], meta["config"], load_npz(directory / "head.npz", HEAD_REMEDY)
+
+
+def check_head_arrays(directory: Path, config: FeatureHeadConfig, params: dict,
+                      draft_vocab) -> None:
+    """Refuse a saved head whose arrays are not the ones `config` builds (by name, shape
+    and dtype kind) or whose draft vocabulary is not a list of ids, naming the file."""
+    expected = {name: value.shape for name, value in
+                jax.eval_shape(lambda: init_head_params(config, jax.random.key(0))).items()}
+    check_arrays(directory / "head.npz", params, expected, HEAD_REMEDY)
+    if draft_vocab is not None and (draft_vocab.ndim != 1 or
+                                    not np.issubdtype(draft_vocab.dtype, np.integer)):
+        raise damaged(directory / "head.npz", f"its draft vocabulary is {draft_vocab.dtype}"
+                      f" {draft_vocab.shape}, expected a list of token ids", HEAD_REMEDY)
 
 
 def head_config_from(directory: Path, fields: dict) -> FeatureHeadConfig:

@@ -49,6 +49,7 @@ from specjax.drafters.eagle import (
     HEAD_REMEDY,
     HEAD_SCRATCH_SLOTS,
     _restrict,
+    check_head_arrays,
     head_config_from,
     load_head,
     save_head,
@@ -62,7 +63,7 @@ from specjax.drafters.feature_head import (
     init_head_cache,
     init_head_params,
 )
-from specjax.files import check_arrays, damaged
+from specjax.files import damaged
 from specjax.sampling import SamplingConfig, SamplingParams, draw_with_q
 
 # The saved head's kind (`head.json`), next to "eagle" and "medusa".
@@ -182,17 +183,11 @@ class EarlyExit:
             raise damaged(directory / "head.json", f"names an early-exit adapter of kind "
                           f"{config.kind!r}, expected 'kangaroo'", HEAD_REMEDY)
         draft_vocab = params.pop(DRAFT_VOCAB_KEY, None)
-        expected = {name: value.shape for name, value in
-                    jax.eval_shape(lambda: init_head_params(config, jax.random.key(0))).items()}
-        check_arrays(directory / "head.npz", params, expected, HEAD_REMEDY)
+        check_head_arrays(directory, config, params, draft_vocab)
         if lm_head.shape[1] != config.d_model:
             raise ValueError(f"the adapter in {directory} was trained on a target of width "
                              f"{config.d_model}; this LM head is {tuple(lm_head.shape)}: load "
                              "it onto the target it was trained for")
-        if draft_vocab is not None and (draft_vocab.ndim != 1 or
-                                        not np.issubdtype(draft_vocab.dtype, np.integer)):
-            raise damaged(directory / "head.npz", f"its draft vocabulary is {draft_vocab.dtype}"
-                          f" {draft_vocab.shape}, expected a list of token ids", HEAD_REMEDY)
         lm_head, draft_vocab = _restrict(jnp.asarray(lm_head), draft_vocab)
         return cls({name: jnp.asarray(value) for name, value in params.items()}, lm_head,
                    config, method, draft_vocab, stop_below)
