@@ -11,7 +11,8 @@ draft model, the EAGLE-3 head, layer skipping and prompt lookup.
    reached (Kangaroo's K: the drafts it actually ran, its loop stopping at the early exit).
 
     python -m benchmarks.kangaroo [--models bundled smollm2] [--prompts-per-kind 3]
-        [--new-tokens 48] [--reps 2] [--smollm2-adapter DIR] [--report-only]
+        [--new-tokens 48] [--reps 2] [--smollm2-adapter DIR (default: the shipped one)]
+        [--report-only]
 """
 
 from __future__ import annotations
@@ -171,9 +172,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    parser.add_argument("--smollm2-adapter", default=None,
+    parser.add_argument("--smollm2-adapter", default=str(specjax_models.SMOLLM2_KANGAROO),
                         help="a Kangaroo adapter trained on SmolLM2 (specjax train-drafter "
-                             "--model smollm2 --method kangaroo)")
+                             "--model smollm2 --method kangaroo; default: the shipped one)")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     if args.report_only:
@@ -196,8 +197,7 @@ def write_report(result: dict) -> None:
     machine = result["machine"]
     command = (f"python -m benchmarks.kangaroo --models {' '.join(args.models)} "
                f"--prompts-per-kind {args.prompts_per_kind} --new-tokens {args.new_tokens} "
-               f"--reps {args.reps}" + (" --smollm2-adapter DIR" if "smollm2" in args.models
-                                        else ""))
+               f"--reps {args.reps}")
     lines = [
         "# Kangaroo (EarlyExit): the target's first blocks, an adapter and its head", "",
         f"`{command}` on {machine.get('cpu_model') or 'this CPU'} ({machine.get('cpu_count')} "
@@ -211,8 +211,8 @@ def write_report(result: dict) -> None:
         "at); efficiency = speedup / ideal. Bundled: the byte-level pair and its shipped "
         "adapter (models/checkpoints/kangaroo), the held-out prompts by kind; SmolLM2: its "
         "held-out chat / rewrite / code prompts (benchmarks/real_prompts.py) through the "
-        "chat template, the adapter trained by `specjax train-drafter --model smollm2 "
-        "--method kangaroo`.", ""]
+        "chat template, the shipped adapter (models/checkpoints/smollm2_kangaroo, trained by "
+        "`specjax train-drafter --model smollm2 --method kangaroo`).", ""]
     fmt = lambda row, key, spec: format(row[key], spec) if row.get(key) is not None else "-"
     for model, part in result["models"].items():
         costs = part["costs"]
