@@ -20,7 +20,7 @@ from specjax.drafters import (
     Medusa,
     eagle3_feature_layers,
 )
-from specjax.drafters.eagle import load_head
+from specjax.drafters.head_files import load_head
 from specjax_models.transformer import TransformerConfig, embedding_and_head
 
 # `specjax train-drafter --method` -> the head's kind.

@@ -88,6 +88,7 @@ TESTED_IN = {
     "specjax/drafters/base.py": "test_step.py",  # the drafter contract, as the step checks it
     "specjax/branches.py": "test_step.py",  # the step's in-place choice of verify width
     "specjax/drafters/feature_head.py": "test_eagle.py",  # the block the EAGLE heads run
+    "specjax/drafters/head_files.py": "test_eagle.py",  # saving, loading, damaged heads
     "specjax/training/checkpoints.py": "test_training.py",
     "specjax/training/config.py": "test_training.py",
     "specjax/training/loop.py": "test_training.py",

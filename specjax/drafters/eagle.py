@@ -52,15 +52,20 @@ from specjax.drafters.feature_head import (
     init_head_cache,
     init_head_params,
 )
-from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
-from specjax.files import (
-    check_arrays,
-    damaged,
-    load_npz,
-    read_json,
-    save_npz_atomically,
-    write_json_atomically,
+from specjax.drafters.head_files import (
+    DRAFT_VOCAB_KEY,
+    HEAD_LOADERS,
+    HEAD_REMEDY,
+    OWN_EMBEDDING_KEY,
+    OWN_LM_HEAD_KEY,
+    check_head_arrays,
+    head_config_from,
+    load_head,
+    restrict_lm_head,
+    save_head,
 )
+from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.files import damaged
 from specjax.sampling import (
     SamplingConfig,
     SamplingParams,
@@ -95,14 +100,6 @@ def accepted_feature_index(commit: Commit) -> Array:
     batch = path_BD.shape[0]
     return jnp.concatenate([jnp.zeros((batch, 1), jnp.int32),
                             jnp.maximum(path_BD, 0).astype(jnp.int32) + 1], axis=1)
-
-
-def _weights_dict(params: dict) -> dict:
-    """numpy arrays to save: floating ones as float32 (a bfloat16 array has no .npz type;
-    jnp.issubdtype, unlike numpy's, knows bfloat16 is floating)."""
-    arrays = {name: np.asarray(value) for name, value in params.items()}
-    return {name: array.astype(np.float32) if jnp.issubdtype(array.dtype, jnp.floating)
-            else array for name, array in arrays.items()}
 
 
 @jax.tree_util.register_dataclass
@@ -156,7 +153,7 @@ class Eagle:
         """A randomly initialised head (train it with `specjax.training.train_head`).
         `lm_head` is the target's full [V, D] head; with `draft_vocab` (target ids) the head
         keeps only those rows."""
-        lm_head, draft_vocab = _restrict(jnp.asarray(lm_head), draft_vocab)
+        lm_head, draft_vocab = restrict_lm_head(jnp.asarray(lm_head), draft_vocab)
         return cls(init_head_params(config, key), jnp.asarray(embedding), lm_head, config,
                    method, draft_vocab)
 
@@ -225,7 +222,7 @@ class Eagle:
             draft_vocab = None if draft_vocab is None else jnp.asarray(
                 draft_vocab_ids(draft_vocab, embedding.shape[0]))
         else:
-            lm_head, draft_vocab = _restrict(jnp.asarray(lm_head), draft_vocab)
+            lm_head, draft_vocab = restrict_lm_head(jnp.asarray(lm_head), draft_vocab)
         return cls(params, jnp.asarray(embedding), lm_head, config, method, draft_vocab)
 
     # -- host-side checks --------------------------------------------------------------------
@@ -433,75 +430,9 @@ class Eagle:
                 Proposal(tokens=tokens_BN, q=None, parents=parents_BN))
 
 
-DRAFT_VOCAB_KEY = "draft_vocab"
-OWN_LM_HEAD_KEY, OWN_EMBEDDING_KEY = "own_lm_head", "own_embedding"
-
-
-def _restrict(lm_head_VD: Array, draft_vocab) -> tuple[Array, Array | None]:
-    """`(lm_head rows, draft_vocab int32)` for a draft vocabulary of target ids (sorted,
-    unique), or the full head and None."""
-    if draft_vocab is None:
-        return lm_head_VD, None
-    ids = draft_vocab_ids(draft_vocab, lm_head_VD.shape[0])
-    return lm_head_VD[ids], ids
-
-
 def most_frequent_tokens(tokens, size: int) -> np.ndarray:
     """The `size` most frequent ids in `tokens` (ties: the smaller id), sorted: EAGLE-3's
     draft vocabulary, chosen from the training data."""
     counts = np.bincount(np.asarray(tokens).reshape(-1))
     order = np.lexsort((np.arange(counts.size), -counts))
     return np.sort(order[:min(size, counts.size)])
-
-
-# A saved head's kind -> the drafter class that loads it.
-HEAD_LOADERS = {"eagle": "Eagle", "medusa": "Medusa", "early_exit": "EarlyExit"}
-
-HEAD_REMEDY = "train the head again (specjax train-drafter) or copy a complete one"
-
-
-def save_head(directory: str | Path, kind: str, config: dict, params: dict) -> None:
-    """`head.npz` (the parameters) then `head.json` ({"kind", "config"}) in `directory`,
-    each written atomically (a killed save leaves the previous head or none)."""
-    directory = Path(directory)
-    save_npz_atomically(directory / "head.npz", **_weights_dict(params))
-    write_json_atomically(directory / "head.json", {"kind": kind, "config": config})
-
-
-def load_head(directory: str | Path) -> tuple[str, dict, dict]:
-    """`(kind, config dict, params as numpy arrays)` saved by `save_head`; a damaged or
-    incomplete head is a ValueError naming the file."""
-    directory = Path(directory)
-    if not (directory / "head.json").exists():
-        raise FileNotFoundError(f"no trained head at {directory} (expected head.json and "
-                                "head.npz, as `specjax train-drafter` writes)")
-    meta = read_json(directory / "head.json", HEAD_REMEDY)
-    if meta.get("kind") not in HEAD_LOADERS or not isinstance(meta.get("config"), dict):
-        raise damaged(directory / "head.json", f"names kind {meta.get('kind')!r} with config "
-                      f"{type(meta.get('config')).__name__}, expected a kind of "
-                      f"{tuple(HEAD_LOADERS)} and a config object", HEAD_REMEDY)
-    if not (directory / "head.npz").exists():
-        raise FileNotFoundError(f"{directory} has head.json but no head.npz (an incomplete "
-                                f"copy?); {HEAD_REMEDY}")
-    return meta["kind"], meta["config"], load_npz(directory / "head.npz", HEAD_REMEDY)
-
-
-def check_head_arrays(directory: Path, config: FeatureHeadConfig, params: dict,
-                      draft_vocab) -> None:
-    """Refuse a saved head whose arrays are not the ones `config` builds (by name, shape
-    and dtype kind) or whose draft vocabulary is not a list of ids, naming the file."""
-    expected = {name: value.shape for name, value in
-                jax.eval_shape(lambda: init_head_params(config, jax.random.key(0))).items()}
-    check_arrays(directory / "head.npz", params, expected, HEAD_REMEDY)
-    if draft_vocab is not None and (draft_vocab.ndim != 1 or
-                                    not np.issubdtype(draft_vocab.dtype, np.integer)):
-        raise damaged(directory / "head.npz", f"its draft vocabulary is {draft_vocab.dtype}"
-                      f" {draft_vocab.shape}, expected a list of token ids", HEAD_REMEDY)
-
-
-def head_config_from(directory: Path, fields: dict) -> FeatureHeadConfig:
-    try:
-        return FeatureHeadConfig.from_dict(fields)
-    except (TypeError, ValueError) as error:
-        raise damaged(directory / "head.json", f"holds a config this version cannot build "
-                      f"({error})", HEAD_REMEDY) from None

@@ -44,16 +44,7 @@ from specjax.drafters.base import (
     scatter_to_vocab,
 )
 from specjax.drafters.draft_model import DRAFT_METHODS
-from specjax.drafters.eagle import (
-    DRAFT_VOCAB_KEY,
-    HEAD_REMEDY,
-    HEAD_SCRATCH_SLOTS,
-    _restrict,
-    check_head_arrays,
-    head_config_from,
-    load_head,
-    save_head,
-)
+from specjax.drafters.eagle import HEAD_SCRATCH_SLOTS
 from specjax.drafters.feature_head import (
     FeatureHeadConfig,
     fuse_features,
@@ -62,6 +53,15 @@ from specjax.drafters.feature_head import (
     head_logits,
     init_head_cache,
     init_head_params,
+)
+from specjax.drafters.head_files import (
+    DRAFT_VOCAB_KEY,
+    HEAD_REMEDY,
+    check_head_arrays,
+    head_config_from,
+    load_head,
+    restrict_lm_head,
+    save_head,
 )
 from specjax.files import damaged
 from specjax.sampling import SamplingConfig, SamplingParams, draw_with_q
@@ -138,7 +138,7 @@ class EarlyExit:
                method: str = "sample", draft_vocab=None,
                stop_below: float | None = 0.6) -> EarlyExit:
         """A randomly initialised adapter on the target's LM head [V, D]."""
-        lm_head, draft_vocab = _restrict(jnp.asarray(lm_head), draft_vocab)
+        lm_head, draft_vocab = restrict_lm_head(jnp.asarray(lm_head), draft_vocab)
         return cls(init_head_params(config, key), lm_head, config, method, draft_vocab,
                    stop_below)
 
@@ -188,7 +188,7 @@ class EarlyExit:
             raise ValueError(f"the adapter in {directory} was trained on a target of width "
                              f"{config.d_model}; this LM head is {tuple(lm_head.shape)}: load "
                              "it onto the target it was trained for")
-        lm_head, draft_vocab = _restrict(jnp.asarray(lm_head), draft_vocab)
+        lm_head, draft_vocab = restrict_lm_head(jnp.asarray(lm_head), draft_vocab)
         return cls({name: jnp.asarray(value) for name, value in params.items()}, lm_head,
                    config, method, draft_vocab, stop_below)
 

@@ -29,10 +29,10 @@ from jax import Array
 from specjax.causal_lm import CausalLM
 from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.drafters.draft_model import DRAFT_METHODS
-from specjax.drafters.eagle import (
+from specjax.drafters.eagle import accepted_feature_index
+from specjax.drafters.head_files import (
     HEAD_LOADERS,
     HEAD_REMEDY,
-    accepted_feature_index,
     load_head,
     save_head,
 )
