@@ -203,15 +203,18 @@ def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens:
     compile_next = None
     if next_program is not None:
         program, step_config = next_program
-        signature = _signature(program, step_config, prefill_args, prefill_static)
+        # Keyed as the program is compiled: by the sampling values' compile key, so a new
+        # temperature, top-k or top-p finds its program compiled.
+        params = sampling_params(step_config.sampling, len(batch.lengths))
+        step_key = compile_key(step_config, params)
+        signature = _signature(program, step_key, prefill_args, prefill_static)
         if signature not in _COMPILED_NEXT:
             # The prefill's trace, shared with its call below: only the shapes are needed.
             shapes = _init_state.eval_shape(*prefill_args, **prefill_static)
 
             def compile_next():
-                params = sampling_params(step_config.sampling, shapes.lengths.shape[0])
-                program.lower(target, drafter, shapes, compile_key(step_config, params),
-                              params, drafter_type=drafter_key(drafter)).compile()
+                program.lower(target, drafter, shapes, step_key, params,
+                              drafter_type=drafter_key(drafter)).compile()
                 _COMPILED_NEXT.add(signature)
     state = while_compiling(compile_next, lambda: _init_state(*prefill_args, **prefill_static))
     return state, drafter

@@ -112,7 +112,13 @@ def test_a_repeated_request_skips_the_background_compilation(tiny_lm, close_draf
     sampled = specjax.speculative_generate(tiny_lm, close_draft, [[2, 7, 1]],
                                            **(request | {"sampling": specjax.SamplingConfig(),
                                                          "key": jax.random.key(0)}))
+    cooler = specjax.speculative_generate(
+        tiny_lm, close_draft, [[2, 7, 1]],
+        **(request | {"sampling": specjax.SamplingConfig(temperature=0.5, top_k=3),
+                      "key": jax.random.key(0)}))
     assert seen[0] is not None  # the first request compiles the loop meanwhile
     assert seen[1] is None  # same shapes and settings: already compiled
     assert seen[2] is not None  # sampled rows: another loop program
+    assert seen[3] is None  # new sampling values are data: the same program
     assert int(again.lengths[0]) == 7 and int(sampled.lengths[0]) == 7
+    assert int(cooler.lengths[0]) == 7
