@@ -173,27 +173,18 @@ class CausalLM:
         stream [B, T, D], cache)`, the stream before the final norm (an early exit,
         `specjax.drafters.EarlyExit`); the LM head is not computed.
         """
-        if not head:
-            if layers is None:
-                raise ValueError("head=False is an early exit after a subset of the layers: "
-                                 "pass layers= as well")
-            if feature_layers:
-                raise ValueError("head=False returns the residual stream itself; "
-                                 "feature_layers is for forwards that reach the head")
-            if self.num_layers is None:
-                raise ValueError("this CausalLM cannot exit early: its apply_fn takes no "
-                                 "layers= / head= (build it with CausalLM.from_nnx from a "
-                                 "specjax_models.Transformer)")
-            return self.apply_fn(self.params, tokens_BT, positions_BT, cache, cache_lengths_B,
-                                 new_mask_BTT, layers=tuple(layers), head=False)
+        if not head and (layers is None or feature_layers):
+            raise ValueError("head=False is an early exit after a subset of the layers: pass "
+                             "layers=, and no feature_layers (the stream is the output)")
         if layers is not None:
             if self.num_layers is None:
                 raise ValueError("this CausalLM cannot run a subset of its layers: its "
                                  "apply_fn takes no layers= (give num_layers=, or build it "
                                  "with CausalLM.from_nnx from a specjax_models.Transformer)")
+            early_exit = {} if head else {"head": False}
             return self.apply_fn(self.params, tokens_BT, positions_BT, cache, cache_lengths_B,
                                  new_mask_BTT, feature_layers=tuple(feature_layers),
-                                 layers=tuple(layers))
+                                 layers=tuple(layers), **early_exit)
         if feature_layers:
             return self.apply_fn(self.params, tokens_BT, positions_BT, cache, cache_lengths_B,
                                  new_mask_BTT, feature_layers=tuple(feature_layers))

@@ -224,14 +224,17 @@ class EarlyExit:
             return logits
         return scatter_to_vocab(logits, self.draft_vocab, vocab_size)
 
-    def adapter(self, features_BTD: Array, positions_BT: Array, keys: Array, values: Array,
-                cache_lengths_B: Array):
-        """The adapter block over T positions' streams, written at slots
-        `cache_lengths[b] + t`: `(out [B, T, D], keys, values)`."""
+    def adapter(self, features_BTD: Array, positions_BT: Array, keys: Array | None = None,
+                values: Array | None = None, cache_lengths_B: Array | None = None):
+        """The adapter block over T positions' streams: `(out [B, T, D], keys, values)`,
+        the new keys and values written at slots `cache_lengths[b] + t` of its cache; with
+        no cache (training), a causal forward over the T positions alone (keys, values
+        None)."""
         inputs = head_inputs(self.params, self.config, None, None, features_BTD)
-        out_BTD, (keys, values) = head_block(self.params, self.config, inputs, positions_BT,
-                                             (keys, values), cache_lengths_B)
-        return out_BTD, keys, values
+        cache = None if keys is None else (keys, values)
+        out_BTD, cache = head_block(self.params, self.config, inputs, positions_BT, cache,
+                                    cache_lengths_B)
+        return (out_BTD, *(cache or (None, None)))
 
     def init(self, prompt_tokens_BP: Array, prompt_lengths_B: Array, capacity: int, *,
              features: Array) -> EarlyExitState:

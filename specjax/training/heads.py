@@ -53,7 +53,6 @@ from specjax.drafters.feature_head import (
     finish_block,
     first_pair_visibility,
     fuse_features,
-    head_block,
     head_inputs,
     head_logits,
     project_qkv,
@@ -226,8 +225,7 @@ def adapter_outputs(drafter: EarlyExit, hidden) -> jax.Array:
     stream_BTD = fuse_features(drafter.params, drafter.config, hidden)
     batch, length = stream_BTD.shape[:2]
     positions_BT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    inputs = head_inputs(drafter.params, drafter.config, None, None, stream_BTD)
-    return head_block(drafter.params, drafter.config, inputs, positions_BT, None)[0]
+    return drafter.adapter(stream_BTD, positions_BT)[0]
 
 
 def _kangaroo_terms(drafter: EarlyExit, target: CausalLM, tokens_BT):
