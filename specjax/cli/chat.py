@@ -52,12 +52,12 @@ def register(sub) -> None:
                          "(SmolLM2's shipped one, or --datastore FILE), the conversation and "
                          "this chat's earlier replies; layer-skip: SmolLM2 drafting for "
                          "itself without the --skip blocks; eagle3: SmolLM2's shipped "
-                         "EAGLE-3 head, or --head DIR; kangaroo: an adapter trained on "
-                         "SmolLM2 (--head DIR, from specjax train-drafter --model smollm2 "
-                         "--method kangaroo) over its first blocks")
+                         "EAGLE-3 head, or --head DIR; kangaroo: SmolLM2's shipped Kangaroo "
+                         "adapter over its first 2 blocks, or --head DIR")
     ch.add_argument("--head", default=None,
                     help="an EAGLE-3 head or a Kangaroo adapter trained on SmolLM2 (specjax "
-                         "train-drafter --model smollm2; default: the shipped EAGLE-3 head)")
+                         "train-drafter --model smollm2; default: the shipped one of "
+                         "--drafter eagle3 / kangaroo)")
     ch.add_argument("--num-draft-tokens", type=int, default=4,
                     help="K, drafts verified per target forward (default: %(default)s)")
     add_sampling(ch)

@@ -87,8 +87,9 @@ def register(sub) -> None:
                           "eagle3, mtp; kangaroo: an adapter over the target's first "
                           "blocks, Kangaroo's early exit; the bundled target ships trained "
                           "ones) (default: "
-                          "model for the bundled pair, prompt-lookup for smollm2; eagle3 with "
-                          "--model smollm2 uses its shipped EAGLE-3 head)")
+                          "model for the bundled pair, prompt-lookup for smollm2; eagle3 and "
+                          "kangaroo with --model smollm2 use its shipped EAGLE-3 head and "
+                          "Kangaroo adapter)")
     gen.add_argument("--hf", default=None, metavar="DIR",
                      help="the target from a Hugging Face model directory (config.json, "
                           "safetensors, tokenizer.json; e.g. huggingface_hub."
