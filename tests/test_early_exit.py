@@ -10,19 +10,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import build_lm, tiny_config
+from test_layer_skip import PROMPTS, T1, proposal_of  # the same prompts and proposals
 
 import specjax
 import specjax_models
-from specjax import GREEDY, SamplingConfig
+from specjax import GREEDY
 from specjax.drafters import AdaptiveLength, EarlyExit, FeatureHeadConfig
 from specjax.drafters.feature_head import head_block, head_inputs, head_logits
-from specjax.sampling import sampling_params
 from specjax.speculative_loop import init_speculative_state, speculative_config
-from specjax.step import jitted_step, propose
+from specjax.step import jitted_step
 from specjax.testing import plus_one_lm
 
-PROMPTS = [[1, 5, 9, 30, 2, 7], [4, 4, 8]]
-T1 = SamplingConfig(temperature=1.0)
 STEPS = 4
 
 
@@ -47,15 +45,6 @@ def reference_logits(target, drafter: EarlyExit, tokens: list[int]) -> np.ndarra
     inputs = head_inputs(drafter.params, drafter.config, None, None, hidden[:, :, 0])
     out, _ = head_block(drafter.params, drafter.config, inputs, positions_1T, None)
     return np.asarray(head_logits(drafter.params, drafter.config, drafter.lm_head, out)[0])
-
-
-def proposal_of(target, drafter, num_draft_tokens=3, sampling=T1, seed=0):
-    state, drafter = init_speculative_state(target, drafter, PROMPTS, max_new_tokens=8,
-                                            num_draft_tokens=num_draft_tokens,
-                                            sampling=sampling, key=jax.random.key(seed))
-    config = speculative_config(num_draft_tokens, sampling, None)
-    return propose(drafter, state, jax.random.key(seed), config, target,
-                   sampling_params(sampling, len(PROMPTS)))
 
 
 @pytest.mark.parametrize("exit_layer", [0, 1, 2])
