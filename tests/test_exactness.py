@@ -150,9 +150,10 @@ def layer_skip(**settings):
     return make
 
 
-def early_exit(**settings):
+def early_exit(reduced_vocab: bool = False, **settings):
     """Kangaroo: the target's blocks before its last one (none for the 1-block micro
-    target: the embedding alone), then a random adapter, sharpened as `eagle`'s."""
+    target: the embedding alone), then a random adapter, sharpened as `eagle`'s (with a
+    reduced draft vocabulary: every other id)."""
 
     def make(draft, target):
         _, lm_head = specjax_models.embedding_and_head(target)
@@ -160,7 +161,9 @@ def early_exit(**settings):
         config = FeatureHeadConfig(kind="kangaroo", d_model=d_model, num_heads=2,
                                    num_kv_heads=1, d_ff=2 * d_model,
                                    feature_layers=(target.num_layers - 1,))
-        drafter = EarlyExit.create(config, lm_head, jax.random.key(6), **settings)
+        vocab = np.arange(0, lm_head.shape[0], 2) if reduced_vocab else None
+        drafter = EarlyExit.create(config, lm_head, jax.random.key(6), draft_vocab=vocab,
+                                   **settings)
         return drafter.with_params(jax.tree.map(lambda x: 8.0 * x if x.ndim == 2 else x,
                                                 drafter.params))
 
@@ -234,6 +237,9 @@ ENTRIES = {
     "kangaroo early exit, chain, sampled": Entry(early_exit(stop_below=0.3)),
     "kangaroo, chain, argmax, every draft": Entry(early_exit(method="greedy", stop_below=None),
                                                   slow_greedy=True, slow_stats=True),
+    "kangaroo, chain, reduced draft vocabulary": Entry(
+        early_exit(reduced_vocab=True, stop_below=0.3), slow_greedy=True,
+        slow_stats=True),
     "kangaroo, chain, adaptive length": Entry(
         lambda d, t: AdaptiveLength(early_exit(stop_below=None)(d, t), start=2),
         slow_greedy=True, slow_stats=True),
