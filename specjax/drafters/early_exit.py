@@ -44,7 +44,6 @@ from specjax.drafters.base import (
     scatter_to_vocab,
 )
 from specjax.drafters.draft_model import DRAFT_METHODS
-from specjax.drafters.eagle import HEAD_SCRATCH_SLOTS
 from specjax.drafters.feature_head import (
     FeatureHeadConfig,
     fuse_features,
@@ -240,7 +239,9 @@ class EarlyExit:
              features: Array) -> EarlyExitState:
         batch, width = prompt_tokens_BP.shape
         stream_BPD = fuse_features(self.params, self.config, features)
-        keys, values = init_head_cache(self.config, batch, capacity + HEAD_SCRATCH_SLOTS)
+        # The drafts and the commit write slots below lengths + K, which the target's
+        # capacity already holds room for (the step's K + 1 extra slots).
+        keys, values = init_head_cache(self.config, batch, capacity)
         positions_BP = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
         _, keys, values = self.adapter(stream_BPD, positions_BP, keys, values,
                                        jnp.zeros((batch,), jnp.int32))
@@ -253,9 +254,6 @@ class EarlyExit:
         """Up to K drafts, each from the last token: its stream through the target's first
         `exit_layer` blocks, the adapter, the LM head. Stops after `draft_budget` drafts
         (`AdaptiveLength`) or when every row has exited."""
-        if num_draft_tokens > HEAD_SCRATCH_SLOTS:
-            raise ValueError(f"EarlyExit drafts at most {HEAD_SCRATCH_SLOTS} tokens per step, "
-                             f"got num_draft_tokens={num_draft_tokens}")
         shallow = tuple(range(self.exit_layer))
         lengths_B = context.lengths
         last_B = jnp.take_along_axis(context.sequence, lengths_B[:, None] - 1, axis=1)[:, 0]
