@@ -146,6 +146,40 @@ def _release_compiled_programs():
     jax.clear_caches()
 
 
+def _memory_maps_in_use() -> int | None:
+    """How many memory maps this process holds (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return maps.read().count(b"\n")
+    except OSError:
+        return None
+
+
+def _memory_map_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as limit:
+            return int(limit.read())
+    except (OSError, ValueError):
+        return 65530  # Linux's default
+
+
+MEMORY_MAP_HEADROOM = _memory_map_limit() // 2
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_programs_before_the_maps_run_out():
+    """Also drop them inside a module once half the process's memory maps are in use.
+    Every compiled CPU program holds ~1,000 maps; one module (the exactness registry's
+    slow set: about 60 decoders) reaches the kernel's limit (vm.max_map_count, 65,530 by
+    default), and the next map that XLA needs fails: a segmentation fault, often while
+    serialising an executable for the persistent compilation cache. The programs dropped
+    here are reloaded from that cache when a later test needs them."""
+    yield
+    in_use = _memory_maps_in_use()
+    if in_use is not None and in_use > MEMORY_MAP_HEADROOM:
+        jax.clear_caches()
+
+
 def run_cli(*args, timeout: float = 240, input: str | None = None, env=None):
     """`python -m specjax.cli ARGS` in a subprocess, its output captured as text."""
     return subprocess.run([sys.executable, "-m", "specjax.cli", *args], capture_output=True,
