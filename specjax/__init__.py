@@ -51,7 +51,7 @@ _SOURCES = {
     "TreeBudget": "specjax.trees",
     "TreeShape": "specjax.trees",
 }
-_MODULES = ("analysis", "datastore", "drafters", "layer_search", "sharding")
+_MODULES = ("analysis", "datastore", "distributed", "drafters", "layer_search", "sharding")
 
 __all__ = [
     "GREEDY",
@@ -79,6 +79,7 @@ __all__ = [
     "analysis",
     "datastore",
     "decode_step",
+    "distributed",
     "drafters",
     "enable_compilation_cache",
     "generate",
@@ -100,7 +101,7 @@ __getattr__, __dir__ = lazy_attributes(__name__, _SOURCES, globals())
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
-    from specjax import analysis, datastore, drafters, layer_search
+    from specjax import analysis, datastore, distributed, drafters, layer_search
     from specjax.autoregressive import DecodeState, GenerateOutput, decode_step, generate
     from specjax.causal_lm import CausalLM
     from specjax.compilation_cache import enable_compilation_cache

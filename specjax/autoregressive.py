@@ -21,6 +21,7 @@ from jax import Array
 from jaxtyping import Bool, Int, Key
 
 from specjax.causal_lm import CausalLM, prefill
+from specjax.distributed import process_local
 from specjax.inputs import check_pad_id, first_columns, prepare_batch, resolve_key
 from specjax.sampling import SamplingConfig, SamplingParams, sample_tokens, sampling_params
 
@@ -149,4 +150,4 @@ def generate(lm: CausalLM, prompts, *, max_new_tokens: int,
     state = _decode_loop(lm, state, jnp.int32(max_new_tokens), jnp.asarray(eos_ids),
                          sampling_params(sampling, batch.tokens.shape[0]))
     return GenerateOutput(tokens=first_columns(state.output, max_new_tokens),
-                          lengths=state.num_generated)
+                          lengths=process_local(state.num_generated))

@@ -16,6 +16,7 @@ import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM
+from specjax.distributed import fetch
 from specjax.sampling import distinct_configs, row_configs
 
 MIN_PROMPT_BUCKET = 32
@@ -253,4 +254,4 @@ def prepare_batch(lm: CausalLM, prompts, prompt_lengths, max_new_tokens: int,
 def first_columns(array_BS: Array, n: int) -> Array:
     """`array_BS[:, :n]` cut on the host: slicing a device array compiles a program per
     new `n`, and `max_new_tokens` must change without compiling anything."""
-    return jax.device_put(np.asarray(array_BS)[:, :n])
+    return jax.device_put(fetch(array_BS)[:, :n])

@@ -19,6 +19,7 @@ from jax import Array
 
 from specjax.background_compile import while_compiling
 from specjax.causal_lm import CausalLM, prefill
+from specjax.distributed import process_local
 from specjax.drafters.base import drafter_key
 from specjax.drafters.draft_model import DraftModel
 from specjax.inputs import check_pad_id, first_columns, prepare_batch, resolve_key
@@ -312,5 +313,5 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
     state = _speculative_loop(target, drafter, state, compile_key(config, params), params,
                               drafter_type=drafter_key(drafter))
     tokens = first_columns(_generated_tokens(state, jnp.int32(pad_id)), max_new_tokens)
-    return SpeculativeOutput(tokens=tokens, lengths=state.num_generated,
+    return SpeculativeOutput(tokens=tokens, lengths=process_local(state.num_generated),
                              stats=SpeculativeStats.from_state(state))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
+
+from specjax.distributed import fetch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,7 @@ class SpeculativeStats:
     @classmethod
     def from_state(cls, state) -> SpeculativeStats:
         """The stats of a (finished) `SpeculativeState`."""
-        host = jax.device_get(
+        host = fetch(
             (state.proposed, state.accepted, state.checked, state.lengths - state.prompt_lengths,
              state.target_forwards, state.draft_forwards, state.accepted_per_position,
              state.accepted_length_counts, state.num_steps))

@@ -18,6 +18,7 @@ import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM
+from specjax.distributed import fetch
 from specjax.drafters.base import drafter_key
 from specjax.sampling import SamplingConfig, sampling_params
 from specjax.speculative_loop import start_decoding
@@ -79,7 +80,7 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
         state = compiled_step(target, drafter, state, step_config, params,
                               drafter_type=drafter_key(drafter))
         step += 1
-        emitted, accepted, done, window = jax.device_get(
+        emitted, accepted, done, window = fetch(
             (state.step_emitted, state.step_accepted, state.done,
              _step_window(state, width=width)))
         tokens = [window[b, : emitted[b]].tolist() for b in range(len(emitted))]

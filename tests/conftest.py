@@ -166,18 +166,24 @@ def _memory_map_limit() -> int:
 MEMORY_MAP_HEADROOM = _memory_map_limit() // 2
 
 
-@pytest.fixture(autouse=True)
-def _release_compiled_programs_before_the_maps_run_out():
-    """Also drop them inside a module once half the process's memory maps are in use.
+def release_compiled_programs_if_maps_run_low() -> None:
+    """Drop JAX's compiled programs once half the process's memory maps are in use.
     Every compiled CPU program holds ~1,000 maps; one module (the exactness registry's
-    slow set: about 60 decoders) reaches the kernel's limit (vm.max_map_count, 65,530 by
-    default), and the next map that XLA needs fails: a segmentation fault, often while
-    serialising an executable for the persistent compilation cache. The programs dropped
-    here are reloaded from that cache when a later test needs them."""
-    yield
+    slow set: about 60 decoders) or one docs page (drafters.md: ~50,000 maps) comes near
+    the kernel's limit (vm.max_map_count, 65,530 by default), and the next map that XLA
+    needs fails: a segmentation fault, often while serialising an executable for the
+    persistent compilation cache. Programs dropped here are reloaded from that cache when
+    a later test needs them."""
     in_use = _memory_maps_in_use()
     if in_use is not None and in_use > MEMORY_MAP_HEADROOM:
         jax.clear_caches()
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_programs_before_the_maps_run_out():
+    """The same inside a module, after every test."""
+    yield
+    release_compiled_programs_if_maps_run_low()
 
 
 def run_cli(*args, timeout: float = 240, input: str | None = None, env=None):

@@ -24,7 +24,7 @@ import pytest
 
 import specjax
 import specjax_models
-from tests.conftest import tiny_hub_model
+from tests.conftest import release_compiled_programs_if_maps_run_low, tiny_hub_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -142,6 +142,7 @@ def run_page(path: Path, tmp_path: Path, monkeypatch) -> None:
         except Exception as error:
             raise AssertionError(f"the block at {path.name}:{line} failed: "
                                  f"{type(error).__name__}: {error}") from error
+        release_compiled_programs_if_maps_run_low()  # a page compiles tens of decoders
 
 
 @pytest.mark.slow  # two models compiled, one written by transformers: 40 s
