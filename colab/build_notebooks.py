@@ -521,6 +521,29 @@ if config.num_heads % n == 0:
 """
 
 
+SEVERAL_HOSTS = """\
+## Several hosts
+
+A pod slice larger than one host (v4-16 and up, v5e-16 and up) runs one Python process
+per host, each with this notebook's code as a script, joined by
+`jax.distributed.initialize()` (no arguments on a TPU pod). `jax.devices()` then lists
+every host's chips, so `mesh_from_spec("data=4,model=4")` spans them (rows across hosts,
+a model's shards within one). Each host passes its own prompts through
+`specjax.distributed.gather_prompts`, which returns the whole batch and the rows that are
+this host's; every decoder returns every row on every host:
+
+```python
+jax.distributed.initialize()
+mesh = mesh_from_spec("data=4,model=4")
+target = specjax_models.shard(target, mesh, default_rules(mesh))
+prompts, mine = specjax.distributed.gather_prompts(my_prompts)
+out = specjax.speculative_generate(target, draft, prompts, max_new_tokens=64,
+                                   key=jax.random.key(0))   # the same key on every host
+my_tokens = out.tokens[mine]
+```
+"""
+
+
 def several_devices():
     return [
         new_markdown_cell(
@@ -536,6 +559,7 @@ def several_devices():
                       "from specjax.sharding import default_rules, mesh_from_spec\n"),
         new_code_cell(SHARDED_DECODING),
         new_code_cell(SHARDED_COLLECTIVES),
+        new_markdown_cell(SEVERAL_HOSTS),
     ]
 
 

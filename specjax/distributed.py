@@ -15,8 +15,9 @@ whole batch and the rows that are its own.
     out = specjax.speculative_generate(target, draft, prompts, max_new_tokens=64, key=key)
     my_tokens = out.tokens[mine]
 
-Every process must pass the same key and settings (they are one program's inputs).
-In one process everything here is the identity.
+Every process must pass the same key and settings (they are one program's inputs);
+per-row settings (one `SamplingConfig` per row) cover the whole gathered batch, in its
+order. In one process everything here is the identity.
 """
 
 from __future__ import annotations
