@@ -2,12 +2,16 @@
 model caches) and warm (both filled by the cold run), split into phases.
 
 - The command: `specjax generate --model smollm2 "What is the capital of France?"
-  --max-new-tokens 16` (its wall time from outside), and `specjax chat` to its first
+  --max-new-tokens 16` (its wall time from outside; `--layers auto` scans the layers for
+  so short a request), the same with `--layers unrolled`, and `specjax chat` to its first
   streamed byte.
+- The layouts' break-even: a 200-token answer (`LONG_QUESTION`) with `--layers scanned`
+  and `--layers unrolled` (what `auto` picks for 200), cold and warm.
 - The phases, timed inside a fresh process that does what the command does: importing
-  specjax, specjax_models and jax; loading the weights (`from_gguf`); the tokenizer
-  (`gguf_tokenizer`); the first decode call (compilation or loading it from the
-  persistent cache, plus the generation); the generation alone (a second call).
+  specjax, specjax_models and jax; loading the weights (`from_gguf`, layers scanned as the
+  command's auto picks); the tokenizer (`gguf_tokenizer`); the first decode call
+  (compilation or loading it from the persistent cache, plus the generation); the
+  generation alone (a second call).
 - `--compare-with REV` runs the command from another git revision too (a temporary
   worktree; e.g. the commit before the model cache), in the same alternation.
 
@@ -30,6 +34,14 @@ from benchmarks.common import checkout_of, command_line, cpu_model, median, writ
 NAME = "start_time_cpu"
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is the capital of France?"
+LONG_QUESTION = "Write a long story about a dragon who learns to code."
+# (label, extra options, question, max new tokens) of each timed command.
+COMMANDS = (("generate", (), QUESTION, 16),
+            ("generate --layers unrolled", ("--layers", "unrolled"), QUESTION, 16),
+            ("generate 200 tokens --layers scanned", ("--layers", "scanned"), LONG_QUESTION,
+             200),
+            ("generate 200 tokens --layers unrolled", ("--layers", "unrolled"), LONG_QUESTION,
+             200))
 PHASES = """
 import time
 start = time.perf_counter()
@@ -37,7 +49,7 @@ import jax, numpy as np
 import specjax, specjax_models
 marks = {"import": time.perf_counter()}
 path = specjax_models.smollm2_path()
-target = specjax_models.from_gguf(path)
+target = specjax_models.from_gguf(path, scan_layers=True)
 marks["load"] = time.perf_counter()
 tokenizer = specjax_models.gguf_tokenizer(path)
 marks["tokenizer"] = time.perf_counter()
@@ -62,13 +74,15 @@ def environment(caches: Path) -> dict:
                 SPECJAX_MODEL_CACHE=str(caches / "models"))
 
 
-def command_seconds(checkout: Path, caches: Path, pythonpath: str | None) -> float:
+def command_seconds(checkout: Path, caches: Path, pythonpath: str | None, options=(),
+                    question: str = QUESTION, max_new_tokens: int = 16) -> float:
     env = environment(caches)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "specjax.cli", "generate", QUESTION,
-                           "--model", "smollm2", "--max-new-tokens", "16", "--quiet"],
+    done = subprocess.run([sys.executable, "-m", "specjax.cli", "generate", question,
+                           "--model", "smollm2", "--max-new-tokens", str(max_new_tokens),
+                           "--quiet", *options],
                           cwd=checkout if not pythonpath else tempfile.gettempdir(), env=env,
                           capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
@@ -118,10 +132,13 @@ def main() -> None:
         for build, pythonpath in (("this checkout", None), ("--compare-with", before_path)):
             if build == "--compare-with" and not pythonpath:
                 continue
-            caches = Path(tempfile.mkdtemp(prefix=f"start-{rep}-"))
-            for state in ("cold", "warm"):
-                seconds = command_seconds(ROOT, caches, pythonpath)
-                rows.setdefault(f"generate, {state}, {build}", []).append(seconds)
+            commands = COMMANDS if build == "this checkout" else COMMANDS[:1]
+            for label, options, question, max_new_tokens in commands:
+                caches = Path(tempfile.mkdtemp(prefix=f"start-{rep}-"))
+                for state in ("cold", "warm"):
+                    seconds = command_seconds(ROOT, caches, pythonpath, options, question,
+                                              max_new_tokens)
+                    rows.setdefault(f"{label}, {state}, {build}", []).append(seconds)
             if build == "this checkout":
                 caches = Path(tempfile.mkdtemp(prefix=f"chat-{rep}-"))
                 for state in ("cold", "warm"):

@@ -57,6 +57,21 @@ def save_layer_draft(directory: str | Path, draft: specjax.CausalLM, target_conf
     write_json_atomically(directory / "draft.json", meta)
 
 
+def _saved_array(arrays: dict, path: tuple, num_layers: int) -> np.ndarray | None:
+    """The saved array of parameter `path` (popped from `arrays`). The file names each
+    layer's arrays (`layers.0.attention.q_proj.kernel`); on a target with scanned layers
+    the draft's are stacked (`layers.attention.q_proj.kernel`, [L, ...]): those are
+    stacked from the per-layer arrays."""
+    name = ".".join(str(p) for p in path)
+    if path[0] != "layers" or isinstance(path[1], int):
+        return arrays.pop(name, None)
+    rest = ".".join(str(p) for p in path[1:])
+    parts = [arrays.pop(f"layers.{i}.{rest}", None) for i in range(num_layers)]
+    if any(part is None for part in parts) or len({part.shape for part in parts}) != 1:
+        return None
+    return np.stack(parts)
+
+
 def load_layer_draft(directory: str | Path, target: specjax.CausalLM,
                      method: str = "sample") -> specjax.DraftModel:
     """The draft saved in `directory` on `target` (the model it was distilled from), as a
@@ -86,7 +101,7 @@ def load_layer_draft(directory: str | Path, target: specjax.CausalLM,
     for path, leaf in flat:
         name = ".".join(str(p) for p in path)
         if path[0] not in SHARED:
-            saved = arrays.pop(name, None)
+            saved = _saved_array(arrays, path, len(layers))
             if saved is None or saved.shape != leaf.get_value().shape:
                 raise ValueError(f"{directory} does not fit this target: its {name} is "
                                  f"{None if saved is None else saved.shape}, the target's "

@@ -111,3 +111,22 @@ def test_compiled_programs_go_to_the_cache_folder_unless_turned_off(tmp_path):
     assert on.returncode == 0, on.stderr
     assert any((tmp_path / "cache").iterdir())
     assert on.stdout == off.stdout
+
+
+def test_layers_auto_scans_short_requests_only():
+    """`--layers auto` scans the target's layers up to SCANNED_UP_TO_TOKENS new tokens (a
+    sooner start wins there) and unrolls them beyond; an explicit layout is kept."""
+    import argparse
+
+    from specjax.cli.common import SCANNED_UP_TO_TOKENS, add_layers_option, scan_layers
+
+    parser = argparse.ArgumentParser()
+    add_layers_option(parser)
+    parse = lambda *argv, n: argparse.Namespace(**vars(parser.parse_args(argv)),
+                                                max_new_tokens=n)
+    assert scan_layers(parse(n=16)) and scan_layers(parse(n=SCANNED_UP_TO_TOKENS))
+    assert not scan_layers(parse(n=SCANNED_UP_TO_TOKENS + 1))
+    assert scan_layers(parse("--layers", "scanned", n=1000))
+    assert not scan_layers(parse("--layers", "unrolled", n=1))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--layers", "stacked"])

@@ -148,13 +148,19 @@ def test_a_chunked_prefill_gives_the_same_text():
 
 
 def test_the_target_drafting_for_itself_gives_plain_greedy_text():
+    """Layer skip on a scanned target (`--layers auto` scans a 24-token request) gives the
+    plain greedy text, scanned or unrolled."""
     prompt = "def parse(source, filename):\n    "
     plain = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--no-speculation")
+    unrolled = run_cli("generate", prompt, "--json", "--max-new-tokens", "24",
+                       "--no-speculation", "--layers", "unrolled")
     skip = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--drafter",
                    "layer-skip", "--skip", "2,3", "--adaptive-length", "--num-draft-tokens", "3")
-    assert plain.returncode == 0 and skip.returncode == 0, skip.stderr
+    assert plain.returncode == 0 and unrolled.returncode == 0, unrolled.stderr
+    assert skip.returncode == 0, skip.stderr
     skip_out = json.loads(skip.stdout)
     assert skip_out["tokens"] == json.loads(plain.stdout)["tokens"]
+    assert json.loads(unrolled.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
     assert skip_out["stats"]["draft_forwards"][0] > 0
 
 

@@ -10,6 +10,7 @@ import pytest
 from conftest import build_lm, tiny_config
 
 import specjax
+import specjax_models
 from specjax.training import TrainConfig
 from specjax_models import load_layer_draft
 from specjax_models.recipes.smollm2_draft import train_chat_draft, write_draft_card
@@ -61,6 +62,24 @@ def test_the_loaded_draft_decodes_exactly_and_has_the_trained_weights(tiny_lm, t
     # The held-out rows are the EAGLE-3 head's (same split function and seed).
     rows = len(load_chat_data(chat_work, hidden=False)["tokens"])
     assert len(heldout_split(rows, 2, 2, 0)[0]) == 2
+
+
+def test_a_target_with_scanned_layers_takes_the_same_draft(tiny_lm, trained, tmp_path):
+    """On a scanned copy of the target (`--layers scanned`) the draft's layers are stacked
+    from the file's per-layer arrays: the same weights, the same greedy text."""
+    out, _ = trained
+    specjax_models.save_checkpoint(tiny_lm, tiny_config(), tmp_path)
+    scanned = specjax_models.load_checkpoint(tmp_path, scan_layers=True)
+    unrolled_draft = load_layer_draft(out, tiny_lm, "greedy")
+    scanned_draft = load_layer_draft(out, scanned, "greedy")
+    np.testing.assert_array_equal(
+        np.asarray(scanned_draft.lm.params["layers"]["attention"]["q_proj"]["kernel"][...])[0],
+        np.asarray(unrolled_draft.lm.params["layers"][0]["attention"]["q_proj"]["kernel"][...]))
+    prompts = [[1, 5, 9, 2], [1, 7, 7, 7, 3, 2]]
+    plain = specjax.generate(tiny_lm, prompts, max_new_tokens=12, sampling=specjax.GREEDY)
+    spec = specjax.speculative_generate(scanned, scanned_draft, prompts, max_new_tokens=12,
+                                        num_draft_tokens=3, sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
 
 
 def test_the_card_and_refusals(tiny_lm, trained, chat_work, tmp_path):

