@@ -63,11 +63,12 @@ def gather_prompts(local_prompts: Sequence[Sequence[int]]) -> tuple[list[list[in
         return rows, slice(0, len(rows))
     from jax.experimental import multihost_utils
 
-    # Fixed shapes for the collective: [count] first, then the padded rows and lengths.
-    counts = np.asarray(multihost_utils.process_allgather(np.int32(len(rows)))).reshape(-1)
-    longest = np.asarray(multihost_utils.process_allgather(
-        np.int32(max((len(r) for r in rows), default=0)))).reshape(-1)
-    width, height = max(int(longest.max()), 1), max(int(counts.max()), 1)
+    # A collective needs the same shapes everywhere: first each process's (count, longest
+    # prompt) [processes, 2], then its rows padded to the largest of both.
+    sizes = np.asarray(multihost_utils.process_allgather(
+        np.asarray([len(rows), max((len(r) for r in rows), default=0)], np.int32)))
+    counts = sizes[:, 0]
+    height, width = (max(int(n), 1) for n in sizes.max(axis=0))
     padded = np.zeros((height, width), np.int32)
     lengths = np.zeros((height,), np.int32)
     for i, row in enumerate(rows):
