@@ -163,7 +163,7 @@ def _memory_map_limit() -> int:
         return 65530  # Linux's default
 
 
-MEMORY_MAP_HEADROOM = _memory_map_limit() // 2
+RELEASE_AT_MEMORY_MAPS = _memory_map_limit() // 2
 
 
 def release_compiled_programs_if_maps_run_low() -> None:
@@ -175,7 +175,7 @@ def release_compiled_programs_if_maps_run_low() -> None:
     persistent compilation cache. Programs dropped here are reloaded from that cache when
     a later test needs them."""
     in_use = _memory_maps_in_use()
-    if in_use is not None and in_use > MEMORY_MAP_HEADROOM:
+    if in_use is not None and in_use > RELEASE_AT_MEMORY_MAPS:
         jax.clear_caches()
 
 
