@@ -67,6 +67,8 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--steps-per-update", type=int, default=4)
     parser.add_argument("--agreed-weight", type=float, default=0.1)
+    parser.add_argument("--divergence", choices=("tvd", "fkl"), default="tvd")
+    parser.add_argument("--name", default=NAME, help="results file name (a sweep's runs)")
     args = parser.parse_args()
     target = specjax_models.load_bundled("target")
     draft = specjax_models.load_bundled("draft")
@@ -79,7 +81,8 @@ def main() -> None:
                                 OnlineConfig(learning_rate=args.learning_rate,
                                              steps_per_update=args.steps_per_update,
                                              batch_size=16, window=256, buffer_size=512,
-                                             agreed_weight=args.agreed_weight),
+                                             agreed_weight=args.agreed_weight,
+                                             divergence=args.divergence),
                                 seed=0)
     frozen = acceptance(target, distiller.drafter, held_out, args.new_tokens)
     print(f"held-out acceptance, the draft as shipped: {frozen:.3f}", flush=True)
@@ -99,11 +102,11 @@ def main() -> None:
     result = {"benchmark": "online_adaptation", "machine": machine_record(), "args": vars(args),
               "held_out_frozen": frozen, "held_out": evals, "stream": curve,
               "seconds": seconds}
-    write_svg(evals, curve)
+    write_svg(args.name, evals, curve)
     write_report(result)
 
 
-def write_svg(evals, curve) -> None:
+def write_svg(name: str, evals, curve) -> None:
     """The acceptance curves (held-out and per stream batch) as a small SVG line chart."""
     width, height, pad = 640, 320, 40
     last = max(point[0] for point in evals)
@@ -122,31 +125,35 @@ def write_svg(evals, curve) -> None:
            + line(evals, "#c33")
            + f'<text x="{pad}" y="20" font-size="13">acceptance vs prompts served: held-out '
            f'(red), each stream batch (grey)</text></svg>\n')
-    (RESULTS / f"{NAME}.svg").write_text(svg)
+    (RESULTS / f"{name}.svg").write_text(svg)
 
 
 def write_report(result: dict) -> None:
-    args = argparse.Namespace(**result["args"])
+    args = argparse.Namespace(**{"divergence": "tvd", "name": NAME, **result["args"]})
+    divergence = {"tvd": "total-variation", "fkl": "forward-KL"}[args.divergence]
     machine = result["machine"]
     evals = result["held_out"]
     gain = evals[-1][1] - result["held_out_frozen"]
     lines = [
         "# Online speculative decoding: the bundled code draft adapting to English prose", "",
         f"`python -m benchmarks.online_adaptation --prompts {args.prompts} --batch "
-        f"{args.batch} --new-tokens {args.new_tokens}` on "
+        f"{args.batch} --new-tokens {args.new_tokens} --learning-rate {args.learning_rate} "
+        f"--steps-per-update {args.steps_per_update} --agreed-weight {args.agreed_weight} "
+        f"--divergence {args.divergence}` on "
         f"{machine.get('cpu_model') or 'this CPU'} ({machine.get('cpu_count')} cores), "
         f"{result['seconds']:.0f} s. A stream of {args.prompts} prose prompts "
         f"({args.prompt_bytes} bytes each, from Python's pydoc topics, a domain the draft "
         f"never trained on), greedy, K = {K}, batches of {args.batch}; after each batch "
         f"{args.steps_per_update} Adam steps (learning rate {args.learning_rate}) of "
-        "total-variation distillation on the texts so far, positions the draft missed "
-        "first. Held-out: 32 other prose prompts, decoded with the draft of that moment.", "",
+        f"{divergence} distillation on the texts so far, positions the draft missed "
+        f"first (weight {args.agreed_weight} where it agreed). Held-out: 32 other prose "
+        "prompts, decoded with the draft of that moment.", "",
         f"Held-out acceptance: {result['held_out_frozen']:.3f} with the draft as shipped, "
         f"{evals[-1][1]:.3f} after the stream ({gain:+.3f}; goal +0.1). Curve: "
-        f"`{NAME}.svg`.", "",
+        f"`{args.name}.svg`.", "",
         "| prompts served | held-out acceptance |", "|---|---|"]
     lines += [f"| {seen} | {rate:.3f} |" for seen, rate in evals]
-    write_results(NAME, result, "\n".join(lines) + "\n")
+    write_results(args.name, result, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Self-speculation on a real model: SmolLM2-135M-Instruct drafting for itself with blocks
 skipped (LayerSkip, the set found by `specjax.layer_search.search_skip_layers`), and the
-per-row adaptive draft length (AdaptiveLength) against the best fixed K, next to the
+per-row adaptive draft length (AdaptiveLength: transformers' heuristic and the expected-
+speed schedule, given this run's measured costs) against the best fixed K, next to the
 distilled draft, the EAGLE-3 head and prompt lookup.
 
 1. The search: calibration prompts from the training templates
@@ -71,14 +72,27 @@ def decoders(target, skip) -> dict:
         "layer skip (K=2)": (layer_skip, 2, "skip"),
         "layer skip (K=3)": (layer_skip, 3, "skip"),
         "layer skip (K=4)": (layer_skip, 4, "skip"),
-        "layer skip, adaptive (K<=6)": (AdaptiveLength(layer_skip), 6, "skip"),
+        "layer skip, heuristic length (K<=6)": (AdaptiveLength(layer_skip), 6, "skip"),
         "distilled draft (K=2)": (draft, 2, "draft"),
         "distilled draft (K=3)": (draft, 3, "draft"),
         "distilled draft (K=4)": (draft, 4, "draft"),
-        "distilled draft, adaptive (K<=6)": (AdaptiveLength(draft), 6, "draft"),
+        "distilled draft, heuristic length (K<=6)": (AdaptiveLength(draft), 6, "draft"),
         "EAGLE-3 head (K=3)": (load_head_for(SMOLLM2_HEAD, target), 3, "head"),
         "prompt lookup (K=4)": (specjax.PromptLookup(), 4, None),
     }
+
+
+def expected_speed_decoders(found: dict, costs: dict, verify_ms: dict) -> dict:
+    """The expected-speed schedule over LayerSkip and the distilled draft, given this run's
+    c and v_L (a verify of L drafts, L = 0..6, in one-token forwards; a wider verify is
+    taken to cost at least what a narrower one measured, the measurements being noisy)."""
+    ms = {int(width): value for width, value in verify_ms.items()}
+    verify = tuple(max(value for width, value in ms.items() if width <= drafts + 1) / ms[1]
+                   for drafts in range(7))
+    return {f"{label}, expected-speed length (K<=6)": (
+        AdaptiveLength(found[f"{label} (K=2)"][0], schedule="expected_speed",
+                       draft_cost=costs[kind], verify_costs=verify), 6, kind)
+        for label, kind in (("layer skip", "skip"), ("distilled draft", "draft"))}
 
 
 def main() -> None:
@@ -111,8 +125,9 @@ def main() -> None:
     draft_lm = found["distilled draft (K=3)"][0].lm
     costs["draft"] = one_token_ms(draft_lm, None) / full_ms
     costs["head"] = None  # not a CausalLM: its c is not split out here
-    widths = verify_costs(target, [1, 2, 3, 4, 5, 7], 1)
+    widths = verify_costs(target, [1, 2, 3, 4, 5, 6, 7], 1)
     print("c:", costs, "verify ms:", widths, flush=True)
+    found.update(expected_speed_decoders(found, costs, widths))
     requests = {kind: [template(p) for p in prompts[:args.prompts_per_kind]]
                 for kind, prompts in PROMPTS.items()}
     rows = []
@@ -141,7 +156,8 @@ def main() -> None:
                         v = verify_cost(row["offered"], widths)
                         # The draft loop runs the offered drafts (AdaptiveLength stops it);
                         # a fixed chain drafts K whatever it offers.
-                        drafted = row["offered"] if "adaptive" in name else found[name][1]
+                        drafted = (row["offered"] if isinstance(found[name][0], AdaptiveLength)
+                                   else found[name][1])
                         ideal = row["tau"] / (drafted * c + v)
                         row.update(c=c, v=v, ideal=ideal, efficiency=row["speedup"] / ideal)
                 rows.append(row)

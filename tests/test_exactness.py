@@ -245,6 +245,10 @@ ENTRIES = {
         slow_greedy=True, slow_stats=True),
     "draft model, chain, adaptive length": Entry(
         lambda d, t: AdaptiveLength(DraftModel(d, "sample"), start=1)),
+    "draft model, chain, expected-speed length": Entry(
+        lambda d, t: AdaptiveLength(DraftModel(d, "sample"), schedule="expected_speed",
+                                    draft_cost=0.2, verify_costs=(1.0, 1.3, 1.5, 1.7)),
+        slow_greedy=True, slow_stats=True),
     "eagle3, chain, adaptive length": Entry(
         lambda d, t: AdaptiveLength(eagle("eagle3")(d, t), start=2), slow_greedy=True,
         slow_stats=True),

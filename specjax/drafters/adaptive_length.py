@@ -1,6 +1,16 @@
-"""A per-row draft length that follows acceptance (transformers' "heuristic" schedule for
-assisted generation): each row offers L drafts; after a step that accepted all L, the
-next offers L + `grow`, after a rejection L - `shrink`, always within [`min_length`, K].
+"""A per-row draft length that follows acceptance. Two schedules:
+
+- "heuristic" (transformers' schedule for assisted generation): each row offers L drafts;
+  after a step that accepted all L, the next offers L + `grow`, after a rejection
+  L - `shrink`, always within [`min_length`, K].
+- "expected_speed": each row keeps a running estimate of its per-draft acceptance alpha
+  (accepted drafts over accepted drafts plus rejections, older steps weighted by `memory`
+  per step, a `prior_acceptance` pseudo-trial) and offers the L in [`min_length`, K] that
+  maximises the expected tokens per unit of time, (1 + alpha + ... + alpha^L) /
+  (L c + v_L), with c the cost of a draft forward and v_L that of a verify of L drafts,
+  both in one-token target forwards (the caller's measurements: `specjax.timing.step_costs`).
+  L = 0 (a one-token step) is allowed: where drafting cannot pay, a row stops drafting,
+  and its estimate relaxes towards the prior until a probe tells it otherwise.
 
 It wraps any chain drafter. Shapes stay static: the drafter still drafts K per row, the
 row's length goes out as `Proposal.num_real` (the smaller of the drafter's own count and
@@ -18,7 +28,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 from jax import Array
-from jaxtyping import Int
+from jaxtyping import Float, Int
 
 from specjax.drafters.base import Commit, DraftContext
 
@@ -26,13 +36,18 @@ from specjax.drafters.base import Commit, DraftContext
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class AdaptiveLengthState:
-    """drafter: the wrapped drafter's state. length: int32 [B], the drafts each row offers
-    at its next step (before clipping to [min_length, K]). offered: int32 [B], what each
-    row offered at the last proposal (the commit judges the schedule by it)."""
+    """drafter: the wrapped drafter's state. length: int32 [B], the heuristic's offer at
+    each row's next step (before clipping to [min_length, K]; the expected-speed schedule
+    records its last choice). offered: int32 [B], what each row offered at the last
+    proposal (the commit judges the schedule by it). accepted / trials: float32 [B], each
+    row's acceptance evidence (accepted drafts; accepted drafts plus rejections), older
+    steps weighted down by `memory`."""
 
     drafter: Any
     length: Int[Array, " B"]
     offered: Int[Array, " B"]
+    accepted: Float[Array, " B"]
+    trials: Float[Array, " B"]
 
 
 def _static(**kwargs):
@@ -44,36 +59,87 @@ def _static(**kwargs):
 class AdaptiveLength:
     """`drafter` (any chain drafter) with a per-row draft length.
 
-    start: the first step's length (None: K, the step's num_draft_tokens).
-    grow / shrink: added after a step that accepted every offered draft / subtracted after
-      one that rejected a draft (transformers: 2 and 1).
-    min_length: the shortest offer (>= 1).
+    schedule: "heuristic" or "expected_speed" (module docstring).
+    start: the heuristic's first length (None: K, the step's num_draft_tokens).
+    grow / shrink: the heuristic's step after a step that accepted every offered draft /
+      after one that rejected a draft (transformers: 2 and 1).
+    min_length: the shortest offer (None: 1 for the heuristic, which learns only from
+      offers; 0 for expected_speed, whose rows stop drafting where it cannot pay).
+    draft_cost: expected_speed's c, a draft forward in one-token target forwards (0 for a
+      drafter with no forward: prompt lookup).
+    verify_costs: expected_speed's v_0, v_1, ...: a verify of L drafts (L + 1 tokens) in
+      one-token target forwards, at least K + 1 of them (None: 1.0 each, the memory-bound
+      accelerator's case).
+    memory: expected_speed's weight of a step's evidence one step later (in [0, 1)).
+    prior_acceptance: expected_speed's alpha before any evidence (one pseudo-trial), the
+      value an idle row's estimate relaxes to.
     """
 
     drafter: Any
     _: dataclasses.KW_ONLY
+    schedule: str = _static(default="heuristic")
     start: int | None = _static(default=None)
     grow: int = _static(default=2)
     shrink: int = _static(default=1)
-    min_length: int = _static(default=1)
+    min_length: int | None = _static(default=None)
+    draft_cost: float = _static(default=0.0)
+    verify_costs: tuple[float, ...] | None = _static(default=None)
+    memory: float = _static(default=0.9)
+    prior_acceptance: float = _static(default=0.9)
 
     graded_num_real: ClassVar[bool] = True
+    SCHEDULES: ClassVar[tuple[str, ...]] = ("heuristic", "expected_speed")
 
     def __post_init__(self):
+        if self.schedule not in self.SCHEDULES:
+            raise ValueError(f"AdaptiveLength schedule must be one of {self.SCHEDULES}, got "
+                             f"{self.schedule!r}")
+        heuristic = self.schedule == "heuristic"
+        if self.min_length is None:
+            object.__setattr__(self, "min_length", 1 if heuristic else 0)
+        lowest = {"grow": 0, "shrink": 0, "min_length": 1 if heuristic else 0, "start": 1}
         for name in ("grow", "shrink", "min_length") + (("start",) if self.start is not None
                                                          else ()):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (
-                    1 if name in ("min_length", "start") else 0):
-                raise ValueError(f"AdaptiveLength {name} must be an int >= "
-                                 f"{1 if name in ('min_length', 'start') else 0}, got "
-                                 f"{value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < lowest[name]:
+                raise ValueError(f"AdaptiveLength {name} must be an int >= {lowest[name]}"
+                                 + (" (the heuristic learns only from offers)"
+                                    if name == "min_length" and heuristic else "")
+                                 + f", got {value!r}")
+        if not heuristic and self.start is not None:
+            raise ValueError("start is the heuristic schedule's; expected_speed starts from "
+                             "prior_acceptance")
+        self._check_costs()
         if not hasattr(self.drafter, "propose") or not hasattr(self.drafter, "commit"):
             raise TypeError(f"AdaptiveLength wraps a drafter (init, propose, commit), got "
                             f"{type(self.drafter).__name__}")
         if hasattr(self.drafter, "proposal_tree"):
             raise ValueError(f"{type(self.drafter).__name__} builds its own token tree; "
                              "AdaptiveLength schedules the length of a chain")
+
+    def _check_costs(self) -> None:
+        cost = self.draft_cost
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not (
+                0.0 <= cost < float("inf")):
+            raise ValueError(f"AdaptiveLength draft_cost must be a finite number >= 0 (a draft "
+                             f"forward in one-token target forwards), got {cost!r}")
+        if self.verify_costs is not None:
+            costs = tuple(self.verify_costs) if not isinstance(self.verify_costs, str) else ()
+            if not costs or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and 0.0 < v < float("inf") for v in costs):
+                raise ValueError("AdaptiveLength verify_costs must be finite numbers > 0 (a "
+                                 "verify of 0, 1, ... drafts in one-token target forwards), "
+                                 f"got {self.verify_costs!r}")
+            object.__setattr__(self, "verify_costs", tuple(float(v) for v in costs))
+        if not 0.0 <= self.memory < 1.0:
+            raise ValueError(f"AdaptiveLength memory must be in [0, 1), got {self.memory!r}")
+        if not 0.0 < self.prior_acceptance <= 1.0:
+            raise ValueError("AdaptiveLength prior_acceptance must be in (0, 1], got "
+                             f"{self.prior_acceptance!r}")
+        if self.schedule == "heuristic" and (cost or self.verify_costs is not None):
+            raise ValueError("draft_cost and verify_costs are the expected_speed schedule's; "
+                             "pass schedule='expected_speed'")
 
     # What the step reads about a drafter is the wrapped one's.
     @property
@@ -102,14 +168,41 @@ class AdaptiveLength:
              **kwargs) -> AdaptiveLengthState:
         batch = prompt_tokens_BP.shape[0]
         start = jnp.iinfo(jnp.int32).max if self.start is None else self.start
+        zeros_B = jnp.zeros((batch,), jnp.float32)
         return AdaptiveLengthState(
             self.drafter.init(prompt_tokens_BP, prompt_lengths_B, capacity, **kwargs),
-            jnp.full((batch,), start, jnp.int32), jnp.zeros((batch,), jnp.int32))
+            jnp.full((batch,), start, jnp.int32), jnp.zeros((batch,), jnp.int32), zeros_B,
+            zeros_B)
+
+    def acceptance_estimate(self, state: AdaptiveLengthState) -> Float[Array, " B"]:
+        """Each row's per-draft acceptance alpha: (accepted + prior) / (trials + 1)."""
+        return (state.accepted + self.prior_acceptance) / (state.trials + 1.0)
+
+    def expected_speed_length(self, state: AdaptiveLengthState,
+                              num_draft_tokens: int) -> Int[Array, " B"]:
+        """The L in [min_length, K] with the most expected tokens per unit of time."""
+        k = num_draft_tokens
+        verify = self.verify_costs or (1.0,) * (k + 1)
+        if len(verify) < k + 1:
+            raise ValueError(f"AdaptiveLength verify_costs has {len(verify)} entries; "
+                             f"num_draft_tokens={k} needs {k + 1} (drafts 0..{k})")
+        lengths_L = jnp.arange(k + 1, dtype=jnp.float32)
+        cost_L = lengths_L * self.draft_cost + jnp.asarray(verify[:k + 1], jnp.float32)
+        alpha_B = self.acceptance_estimate(state)
+        # E[tokens | L drafts] = 1 + alpha + ... + alpha^L: the accepted prefix plus one.
+        tokens_BL = jnp.cumsum(alpha_B[:, None] ** lengths_L[None, :], axis=-1)
+        speed_BL = tokens_BL / cost_L[None, :]
+        speed_BL = jnp.where(lengths_L[None, :] >= min(self.min_length, k), speed_BL,
+                             -jnp.inf)
+        return jnp.argmax(speed_BL, axis=-1).astype(jnp.int32)  # ties: the shorter
 
     def propose(self, state: AdaptiveLengthState, context: DraftContext, key: Array, *,
                 num_draft_tokens: int, **kwargs):
-        length_B = jnp.clip(state.length, min(self.min_length, num_draft_tokens),
-                            num_draft_tokens).astype(jnp.int32)
+        if self.schedule == "expected_speed":
+            length_B = self.expected_speed_length(state, num_draft_tokens)
+        else:
+            length_B = jnp.clip(state.length, min(self.min_length, num_draft_tokens),
+                                num_draft_tokens).astype(jnp.int32)
         if getattr(self.drafter, "takes_draft_budget", False):
             # A drafter that drafts in a loop stops after the longest row's offer.
             kwargs["draft_budget"] = jnp.max(length_B)
@@ -118,13 +211,24 @@ class AdaptiveLength:
         inner_state, proposal = out[0], out[1]
         offered_B = length_B if proposal.num_real is None else jnp.minimum(
             length_B, jnp.clip(proposal.num_real, 0, num_draft_tokens).astype(jnp.int32))
-        new_state = AdaptiveLengthState(inner_state, length_B, offered_B)
+        new_state = dataclasses.replace(state, drafter=inner_state, length=length_B,
+                                        offered=offered_B)
         return (new_state, dataclasses.replace(proposal, num_real=offered_B), *out[2:])
 
     def commit(self, state: AdaptiveLengthState, commit: Commit) -> AdaptiveLengthState:
-        all_accepted_B = commit.num_accepted >= state.offered
+        accepted_B = jnp.minimum(commit.num_accepted, state.offered)
+        all_accepted_B = accepted_B >= state.offered
         judged_B = commit.active & (state.offered > 0)
         grown_B = jnp.where(all_accepted_B, state.length + self.grow,
                             jnp.maximum(state.length - self.shrink, self.min_length))
-        return AdaptiveLengthState(self.drafter.commit(state.drafter, commit),
-                                   jnp.where(judged_B, grown_B, state.length), state.offered)
+        length_B = state.length if self.schedule == "expected_speed" else jnp.where(
+            judged_B, grown_B, state.length)
+        # Evidence: the accepted drafts, plus one trial for the rejection that ended them.
+        # Every running step weighs the old evidence down, so an idle row (L = 0) drifts
+        # back to the prior and probes again.
+        new_accepted_B = jnp.where(judged_B, accepted_B, 0).astype(jnp.float32)
+        new_trials_B = new_accepted_B + (judged_B & ~all_accepted_B).astype(jnp.float32)
+        decay_B = jnp.where(commit.active, self.memory, 1.0)
+        return AdaptiveLengthState(self.drafter.commit(state.drafter, commit), length_B,
+                                   state.offered, decay_B * state.accepted + new_accepted_B,
+                                   decay_B * state.trials + new_trials_B)
