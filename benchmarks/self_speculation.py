@@ -221,7 +221,30 @@ def write_report(result: dict) -> None:
             f"| {fmt(row, 'offered', '.2f')} | {fmt(row, 'acceptance', '.2f')} | "
             f"{fmt(row, 'c', '.2f')} | {fmt(row, 'v', '.2f')} | {fmt(row, 'ideal', '.2f')} | "
             f"{fmt(row, 'efficiency', '.2f')} |")
+    lines += adaptive_summary(result["rows"])
     write_results(NAME, result, "\n".join(lines) + "\n")
+
+
+def adaptive_summary(rows: list[dict]) -> list[str]:
+    """Each adaptive schedule against the best fixed K of the same drafter, same run."""
+    lines = ["", "## Adaptive draft length against the best fixed K (same run)", "",
+             "| mode | kind | drafter | best fixed K | heuristic | expected speed |",
+             "|---|---|---|---|---|---|"]
+    speed = {(r["mode"], r["kind"], r["decoder"]): r["speedup"] for r in rows}
+    for mode, kind in dict.fromkeys((r["mode"], r["kind"]) for r in rows):
+        for label in ("layer skip", "distilled draft"):
+            fixed = {k: speed.get((mode, kind, f"{label} (K={k})")) for k in (2, 3, 4)}
+            if None in fixed.values():
+                continue
+            best_k = max(fixed, key=fixed.get)
+            cells = []
+            for schedule in ("heuristic length", "expected-speed length"):
+                value = speed.get((mode, kind, f"{label}, {schedule} (K<=6)"))
+                cells.append("-" if value is None else
+                             f"{value:.2f}x ({value / fixed[best_k] - 1:+.0%})")
+            lines.append(f"| {mode} | {kind} | {label} | K={best_k}: {fixed[best_k]:.2f}x | "
+                         + " | ".join(cells) + " |")
+    return lines
 
 
 if __name__ == "__main__":
