@@ -146,24 +146,20 @@ def test_expected_speed_follows_the_verify_costs():
     assert [row[0] for row in seen] == reference == [2, 2, 2]
 
 
-def test_expected_speed_with_a_draft_dearer_than_the_target_never_drafts(tiny_lm,
-                                                                         close_draft):
-    """c >= 1: no acceptance can pay for a draft, so every step is a one-token step: plain
-    decoding's tokens, no drafts offered."""
-    prompts = [[1, 2, 3, 4, 1, 2], [7, 7]]
-    plain = specjax.generate(tiny_lm, prompts, max_new_tokens=12, sampling=GREEDY)
-    out = specjax.speculative_generate(
-        tiny_lm, expected_speed(DraftModel(close_draft), draft_cost=1.0), prompts,
-        max_new_tokens=12, num_draft_tokens=4, sampling=GREEDY)
-    np.testing.assert_array_equal(out.tokens, plain.tokens)
-    assert out.stats.proposed.sum() == 0
+def test_expected_speed_with_a_draft_dearer_than_the_target_never_drafts():
+    """c >= 1: no acceptance can pay for a draft (even an always-right one), so every step
+    is a one-token step and no draft is offered."""
+    right = DraftModel(plus_one_lm(16), "greedy")
+    seen, state = offers(expected_speed(right, draft_cost=1.0), 3)
+    assert seen == [[0, 0]] * 3
+    assert np.asarray(state.proposed).tolist() == [0, 0]
+    assert np.asarray(state.lengths).tolist() == [5, 4]  # one token per step
 
 
-def test_expected_speed_needs_a_verify_cost_per_width(tiny_lm, close_draft):
-    drafter = expected_speed(DraftModel(close_draft), verify_costs=(1.0, 1.2, 1.4))
-    with pytest.raises(ValueError, match="num_draft_tokens=4 needs 5"):
-        specjax.speculative_generate(tiny_lm, drafter, [[1, 2]], max_new_tokens=4,
-                                     num_draft_tokens=4, sampling=GREEDY)
+def test_expected_speed_needs_a_verify_cost_per_width():
+    right = DraftModel(plus_one_lm(16), "greedy")
+    with pytest.raises(ValueError, match="num_draft_tokens=6 needs 7"):
+        offers(expected_speed(right, verify_costs=(1.0, 1.2, 1.4)), 1)
 
 
 @pytest.mark.parametrize("make, error, message", [
