@@ -10,14 +10,17 @@ batch (drafted by the draft as it was before the batch's update), and, every
 `--eval-every` batches, the acceptance on a fixed held-out set of prose prompts with the
 draft of that moment. The same held-out set with the frozen draft gives the baseline;
 the goal is +0.1 acceptance by the end of the stream. The curve goes to
-`online_adaptation_cpu.svg`.
+`online_adaptation_cpu.svg`. The offline ceiling: the shipped draft distilled on all the
+served texts at once, the most any online schedule could reach with this draft.
 
     python -m benchmarks.online_adaptation [--prompts 500] [--batch 10] [--new-tokens 32]
+        [--divergence tvd|fkl] [--agreed-weight W] [--steps-per-update S] [--ceiling-steps N]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
@@ -69,6 +72,8 @@ def main() -> None:
     parser.add_argument("--agreed-weight", type=float, default=0.1)
     parser.add_argument("--divergence", choices=("tvd", "fkl"), default="tvd")
     parser.add_argument("--name", default=NAME, help="results file name (a sweep's runs)")
+    parser.add_argument("--ceiling-steps", type=int, default=500,
+                        help="the offline ceiling's steps (0: none)")
     args = parser.parse_args()
     target = specjax_models.load_bundled("target")
     draft = specjax_models.load_bundled("draft")
@@ -77,20 +82,21 @@ def main() -> None:
     stream = encode(prose_prompts(args.prompts, args.prompt_bytes, seed=0))
     held_out = encode(prose_prompts(40, args.prompt_bytes, seed=1))
     held_out = [p for p in held_out if p not in stream][:32]
-    distiller = OnlineDistiller(target, specjax.DraftModel(draft, "greedy"),
-                                OnlineConfig(learning_rate=args.learning_rate,
-                                             steps_per_update=args.steps_per_update,
-                                             batch_size=16, window=256, buffer_size=512,
-                                             agreed_weight=args.agreed_weight,
-                                             divergence=args.divergence),
-                                seed=0)
+    config = OnlineConfig(learning_rate=args.learning_rate,
+                          steps_per_update=args.steps_per_update, batch_size=16, window=256,
+                          buffer_size=512, agreed_weight=args.agreed_weight,
+                          divergence=args.divergence)
+    distiller = OnlineDistiller(target, specjax.DraftModel(draft, "greedy"), config, seed=0)
     frozen = acceptance(target, distiller.drafter, held_out, args.new_tokens)
     print(f"held-out acceptance, the draft as shipped: {frozen:.3f}", flush=True)
     curve, evals, start = [], [(0, frozen)], time.perf_counter()
+    served = []  # (prompt, generated) of the whole stream, for the offline ceiling
     for index in range(0, len(stream), args.batch):
         batch = stream[index:index + args.batch]
         out = distiller.generate(batch, max_new_tokens=args.new_tokens, num_draft_tokens=K,
                                  sampling=specjax.GREEDY)
+        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+        served += [(p, tokens[b, :lengths[b]].tolist()) for b, p in enumerate(batch)]
         seen = index + len(batch)
         curve.append((seen, float(out.stats.acceptance_rate), distiller.losses[-1]))
         if (index // args.batch + 1) % args.eval_every == 0 or seen == len(stream):
@@ -99,11 +105,31 @@ def main() -> None:
             print(f"{seen} prompts: stream {curve[-1][1]:.3f}, held-out {evals[-1][1]:.3f}, "
                   f"loss {curve[-1][2]:.4f}", flush=True)
     seconds = time.perf_counter() - start
+    ceiling = (offline_ceiling(target, draft, config, served, held_out, args)
+               if args.ceiling_steps else [])
     result = {"benchmark": "online_adaptation", "machine": machine_record(), "args": vars(args),
               "held_out_frozen": frozen, "held_out": evals, "stream": curve,
-              "seconds": seconds}
+              "seconds": seconds, "offline_ceiling": ceiling}
     write_svg(args.name, evals, curve)
     write_report(result)
+
+
+def offline_ceiling(target, draft, config, served, held_out, args) -> list:
+    """The shipped draft distilled offline on every text of the stream at once, with the
+    same loss and optimizer, for `--ceiling-steps` steps: what this draft can reach on this
+    traffic with no schedule at all, the bound on what serving it online can reach.
+    [(steps, held-out acceptance)] every 100 steps."""
+    offline = OnlineDistiller(target, specjax.DraftModel(draft, "greedy"),
+                              dataclasses.replace(config, steps_per_update=100), seed=1)
+    offline.observe([p for p, _ in served], [g for _, g in served])
+    points = []
+    for round_index in range(1, -(-args.ceiling_steps // 100) + 1):
+        offline.update()
+        points.append((100 * round_index, acceptance(target, offline.drafter, held_out,
+                                                     args.new_tokens)))
+        print(f"offline ceiling, {points[-1][0]} steps: held-out {points[-1][1]:.3f}",
+              flush=True)
+    return points
 
 
 def write_svg(name: str, evals, curve) -> None:
@@ -139,7 +165,7 @@ def write_report(result: dict) -> None:
         f"`python -m benchmarks.online_adaptation --prompts {args.prompts} --batch "
         f"{args.batch} --new-tokens {args.new_tokens} --learning-rate {args.learning_rate} "
         f"--steps-per-update {args.steps_per_update} --agreed-weight {args.agreed_weight} "
-        f"--divergence {args.divergence}` on "
+        f"--divergence {args.divergence} --ceiling-steps {getattr(args, 'ceiling_steps', 0)}` on "
         f"{machine.get('cpu_model') or 'this CPU'} ({machine.get('cpu_count')} cores), "
         f"{result['seconds']:.0f} s. A stream of {args.prompts} prose prompts "
         f"({args.prompt_bytes} bytes each, from Python's pydoc topics, a domain the draft "
@@ -153,6 +179,14 @@ def write_report(result: dict) -> None:
         f"`{args.name}.svg`.", "",
         "| prompts served | held-out acceptance |", "|---|---|"]
     lines += [f"| {seen} | {rate:.3f} |" for seen, rate in evals]
+    ceiling = result.get("offline_ceiling") or []
+    if ceiling:
+        best = max(rate for _, rate in ceiling)
+        lines += ["", "Offline ceiling: the shipped draft distilled on all of the stream's "
+                  "texts at once (same loss and optimizer, no schedule), held-out acceptance "
+                  "by steps: " + ", ".join(f"{steps}: {rate:.3f}" for steps, rate in ceiling)
+                  + f". Best {best:.3f} ({best - result['held_out_frozen']:+.3f}): the most "
+                  "this draft reaches on this traffic, whatever the online schedule."]
     write_results(args.name, result, "\n".join(lines) + "\n")
 
 
