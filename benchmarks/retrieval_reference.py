@@ -32,7 +32,7 @@ import numpy as np
 
 import specjax
 import specjax_models
-from benchmarks.common import machine_record, write_results
+from benchmarks.common import machine_record, smollm2, write_results
 from benchmarks.real_prompts import PROMPTS
 from specjax.datastore import SEPARATOR, Datastore
 from specjax.drafters import Retrieval
@@ -108,9 +108,7 @@ def main() -> None:
     parser.add_argument("--name", default="retrieval_reference_cpu")
     args = parser.parse_args()
     store = Datastore.load(specjax_models.SMOLLM2_DATASTORE)
-    path = specjax_models.smollm2_path()
-    target = specjax_models.from_gguf(path)
-    tok = specjax_models.gguf_tokenizer(path)
+    target, tok = smollm2()
     ours = Retrieval(store, max_nodes=args.nodes, depth=args.depth, samples=args.samples,
                      max_query=MAX_SPAN, min_match=2, min_probability=0.0,
                      max_branching=args.nodes, search_own_text=True)

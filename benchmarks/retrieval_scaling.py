@@ -21,7 +21,7 @@ import numpy as np
 
 import specjax
 import specjax_models
-from benchmarks.common import RESULTS, machine_record, write_results
+from benchmarks.common import RESULTS, machine_record, smollm2, write_results
 from benchmarks.real_prompts import PROMPTS
 from specjax.datastore import SEPARATOR, Datastore
 from specjax.drafters import Retrieval
@@ -49,9 +49,7 @@ def main() -> None:
     if args.report_only:
         write_report(json.loads((RESULTS / f"{NAME}.json").read_text()))
         return
-    path = specjax_models.smollm2_path()
-    target = specjax_models.from_gguf(path)
-    tok = specjax_models.gguf_tokenizer(path)
+    target, tok = smollm2()
     full = Datastore.load(specjax_models.SMOLLM2_DATASTORE)
     docs = documents(full)
     order = np.random.default_rng(0).permutation(len(docs))

@@ -28,12 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-import specjax_models
 from benchmarks.common import (
     RESULTS,
     alternating_passes,
     machine_record,
     median,
+    smollm2,
     write_results,
 )
 from benchmarks.model_free import CACHE_SIZE, MODES, verify_cost, verify_costs
@@ -109,9 +109,7 @@ def main() -> None:
         return
     from specjax_models.recipes.smollm2_prompts import chat_prompts
 
-    path = specjax_models.smollm2_path()
-    target = specjax_models.from_gguf(path)
-    tok = specjax_models.gguf_tokenizer(path)
+    target, tok = smollm2()
     template = lambda text: tok.apply_chat_template([{"role": "user", "content": text}])
     calibration = [template(p) for p in chat_prompts(args.calibration_prompts, seed=7)]
     search = search_skip_layers(target, calibration, num_draft_tokens=4, max_new_tokens=32,
