@@ -40,8 +40,9 @@ class AdaptiveLengthState:
     each row's next step (before clipping to [min_length, K]; the expected-speed schedule
     records its last choice). offered: int32 [B], what each row offered at the last
     proposal (the commit judges the schedule by it). accepted / trials: float32 [B], each
-    row's acceptance evidence (accepted drafts; accepted drafts plus rejections), older
-    steps weighted down by `memory`."""
+    row's acceptance evidence for the expected-speed schedule (accepted drafts; accepted
+    drafts plus rejections), older steps weighted down by `memory`; zero under the
+    heuristic."""
 
     drafter: Any
     length: Int[Array, " B"]
@@ -216,19 +217,21 @@ class AdaptiveLength:
         return (new_state, dataclasses.replace(proposal, num_real=offered_B), *out[2:])
 
     def commit(self, state: AdaptiveLengthState, commit: Commit) -> AdaptiveLengthState:
+        inner = self.drafter.commit(state.drafter, commit)
         accepted_B = jnp.minimum(commit.num_accepted, state.offered)
         all_accepted_B = accepted_B >= state.offered
         judged_B = commit.active & (state.offered > 0)
-        grown_B = jnp.where(all_accepted_B, state.length + self.grow,
-                            jnp.maximum(state.length - self.shrink, self.min_length))
-        length_B = state.length if self.schedule == "expected_speed" else jnp.where(
-            judged_B, grown_B, state.length)
+        if self.schedule == "heuristic":
+            grown_B = jnp.where(all_accepted_B, state.length + self.grow,
+                                jnp.maximum(state.length - self.shrink, self.min_length))
+            return dataclasses.replace(state, drafter=inner,
+                                       length=jnp.where(judged_B, grown_B, state.length))
         # Evidence: the accepted drafts, plus one trial for the rejection that ended them.
         # Every running step weighs the old evidence down, so an idle row (L = 0) drifts
         # back to the prior and probes again.
         new_accepted_B = jnp.where(judged_B, accepted_B, 0).astype(jnp.float32)
         new_trials_B = new_accepted_B + (judged_B & ~all_accepted_B).astype(jnp.float32)
         decay_B = jnp.where(commit.active, self.memory, 1.0)
-        return AdaptiveLengthState(self.drafter.commit(state.drafter, commit), length_B,
-                                   state.offered, decay_B * state.accepted + new_accepted_B,
-                                   decay_B * state.trials + new_trials_B)
+        return dataclasses.replace(state, drafter=inner,
+                                   accepted=decay_B * state.accepted + new_accepted_B,
+                                   trials=decay_B * state.trials + new_trials_B)
