@@ -34,7 +34,7 @@ import specjax
 import specjax_models
 from benchmarks.common import machine_record, smollm2, write_results
 from benchmarks.real_prompts import PROMPTS
-from specjax.datastore import SEPARATOR, Datastore
+from specjax.datastore import Datastore
 from specjax.drafters import Retrieval
 from specjax.drafters.base import DraftContext
 from specjax.timing import wall_seconds
@@ -47,9 +47,7 @@ def rest_index(store: Datastore, path: Path):
     import draftretriever
 
     writer = draftretriever.Writer(file_path=str(path), vocab_size=store.vocab_size)
-    stream = store.stream
-    for document in np.split(stream, np.flatnonzero(stream == SEPARATOR) + 1):
-        document = document[document >= 0]
+    for document in store.documents():
         if document.size:
             writer.add_entry(document.tolist())
     writer.finalize()

@@ -23,18 +23,10 @@ import specjax
 import specjax_models
 from benchmarks.common import RESULTS, machine_record, smollm2, write_results
 from benchmarks.real_prompts import PROMPTS
-from specjax.datastore import SEPARATOR, Datastore
+from specjax.datastore import Datastore
 from specjax.drafters import Retrieval
 
 NAME = "retrieval_scaling_cpu"
-
-
-def documents(store: Datastore) -> list[np.ndarray]:
-    """The store's documents (its stream split at the separators)."""
-    stream = store.stream
-    ends = np.flatnonzero(stream == SEPARATOR)
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    return [stream[s:e] for s, e in zip(starts, ends, strict=True)]
 
 
 def main() -> None:
@@ -51,7 +43,7 @@ def main() -> None:
         return
     target, tok = smollm2()
     full = Datastore.load(specjax_models.SMOLLM2_DATASTORE)
-    docs = documents(full)
+    docs = full.documents()
     order = np.random.default_rng(0).permutation(len(docs))
     requests = {kind: [tok.apply_chat_template([{"role": "user", "content": p}])
                        for p in prompts] for kind, prompts in PROMPTS.items()}

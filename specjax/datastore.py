@@ -115,6 +115,13 @@ class Datastore:
     def num_documents(self) -> int:
         return int(np.sum(self.stream == SEPARATOR))
 
+    def documents(self) -> list[np.ndarray]:
+        """The documents held, in order (host numpy int32 arrays): `build`'s input back."""
+        stream = self.stream
+        ends = np.flatnonzero(stream == SEPARATOR)
+        return [stream[start:end] for start, end in
+                zip(np.concatenate([[0], ends[:-1] + 1]).astype(int), ends, strict=True)]
+
     def add(self, documents: Iterable[Sequence[int]]) -> Datastore:
         """A datastore that also holds `documents` (e.g. the answers just generated)."""
         more = Datastore.build(documents, self.vocab_size).stream

@@ -32,6 +32,7 @@ def test_the_stream_holds_documents_separators_and_padding():
     assert store.stream.tolist() == [1, 2, SEPARATOR, 3, SEPARATOR]
     assert store.tokens.shape == (1024,) and int(store.tokens[5]) == PADDING
     assert (store.num_documents, store.num_tokens) == (2, 3)
+    assert [d.tolist() for d in store.documents()] == [[1, 2], [3]]
     with pytest.raises(ValueError, match="outside the vocabulary"):
         Datastore.build([[1, 4]], vocab_size=4)
 
