@@ -155,7 +155,8 @@ def write_svg(name: str, evals, curve) -> None:
 
 
 def write_report(result: dict) -> None:
-    args = argparse.Namespace(**{"divergence": "tvd", "name": NAME, **result["args"]})
+    args = argparse.Namespace(**{"divergence": "tvd", "name": NAME, "ceiling_steps": 0,
+                                 **result["args"]})
     divergence = {"tvd": "total-variation", "fkl": "forward-KL"}[args.divergence]
     machine = result["machine"]
     evals = result["held_out"]
@@ -165,7 +166,7 @@ def write_report(result: dict) -> None:
         f"`python -m benchmarks.online_adaptation --prompts {args.prompts} --batch "
         f"{args.batch} --new-tokens {args.new_tokens} --learning-rate {args.learning_rate} "
         f"--steps-per-update {args.steps_per_update} --agreed-weight {args.agreed_weight} "
-        f"--divergence {args.divergence} --ceiling-steps {getattr(args, 'ceiling_steps', 0)}` on "
+        f"--divergence {args.divergence} --ceiling-steps {args.ceiling_steps}` on "
         f"{machine.get('cpu_model') or 'this CPU'} ({machine.get('cpu_count')} cores), "
         f"{result['seconds']:.0f} s. A stream of {args.prompts} prose prompts "
         f"({args.prompt_bytes} bytes each, from Python's pydoc topics, a domain the draft "
