@@ -32,7 +32,7 @@ from benchmarks.common import (
     write_results,
 )
 from specjax.autoregressive import _decode_loop, _init_state
-from specjax.inputs import prepare_batch
+from specjax.inputs import prepare_batch, running_rows
 from specjax.sampling import sampling_params
 from specjax.speculative_loop import _speculative_loop, init_speculative_state
 from specjax.step import compile_key
@@ -59,7 +59,7 @@ def _prepare(decoder: str, lm, prompts, cache: int):
 
         def prepare():
             state = _init_state(lm, jnp.asarray(packed.tokens), jnp.asarray(packed.lengths),
-                                key, jnp.int32(0), capacity=capacity)
+                                key, jnp.int32(0), running_rows(packed), capacity=capacity)
             return state, lambda: _decode_loop(lm, state, jnp.int32(NEW_TOKENS), eos, params)
         return prepare
     config = specjax.SpeculativeConfig(num_draft_tokens=NUM_DRAFT, sampling=specjax.GREEDY)

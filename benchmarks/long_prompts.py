@@ -75,7 +75,7 @@ def prefill_memory(target, length: int) -> list[dict]:
     import jax.numpy as jnp
 
     from specjax.autoregressive import _init_state
-    from specjax.inputs import prepare_batch
+    from specjax.inputs import prepare_batch, running_rows
 
     prompt = np.random.default_rng(0).integers(100, 30_000, length).astype(np.int32)
     rows = []
@@ -83,7 +83,7 @@ def prefill_memory(target, length: int) -> list[dict]:
         lm = target.with_prefill_chunk(chunk)
         packed, capacity, _ = prepare_batch(lm, [prompt], None, 1, specjax.GREEDY, None)
         compiled = _init_state.lower(lm, jnp.asarray(packed.tokens), jnp.asarray(packed.lengths),
-                                     jax.random.key(0), jnp.int32(0),
+                                     jax.random.key(0), jnp.int32(0), running_rows(packed),
                                      capacity=capacity).compile()
         analysis = compiled.memory_analysis()
         row = {"prefill_chunk": chunk, "prompt_tokens": length, "cache_slots": capacity,

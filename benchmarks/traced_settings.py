@@ -88,14 +88,14 @@ def _runner(decoder: str, mode: str, target, draft, ids, batch: int, sampling, n
     key = jax.random.key(0)
     eos = jnp.full((1,), -1, jnp.int32)
     if decoder == "plain":
-        from specjax.inputs import prepare_batch
+        from specjax.inputs import prepare_batch, running_rows
 
         packed, capacity, _ = prepare_batch(target, prompts, None, new_tokens, sampling, None)
         params = sampling_params(sampling, batch)
 
         def prepare():
             state = _init_state(target, jnp.asarray(packed.tokens), jnp.asarray(packed.lengths),
-                                key, jnp.int32(0), capacity=capacity)
+                                key, jnp.int32(0), running_rows(packed), capacity=capacity)
             jax.block_until_ready(state)
             if mode == "traced":
                 run = lambda: _decode_loop(target, state, jnp.int32(new_tokens), eos, params)

@@ -58,7 +58,19 @@ _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 # ---------------------------------------------------------------- configs
 
 def rope_from_hf(hf: dict) -> tuple[float, tuple | None]:
-    """`(rope_theta, rope_scaling tuple or None)` of a Hugging Face config."""
+    """`(rope_theta, rope_scaling tuple or None)` of a Hugging Face config; a missing,
+    null or non-numeric rope field is a ValueError that names it."""
+    try:
+        return _rope_from_hf(hf)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        if isinstance(error, ValueError) and "rope scaling type" in str(error):
+            raise
+        detail = f"{error.args[0]!r} is missing" if isinstance(error, KeyError) else error
+        raise ValueError(f"the config's rope settings (rope_theta, rope_scaling / "
+                         f"rope_parameters) are not usable: {detail}") from None
+
+
+def _rope_from_hf(hf: dict) -> tuple[float, tuple | None]:
     params = dict(hf.get("rope_parameters") or {})
     scaling = hf.get("rope_scaling") or {}
     theta = float(hf.get("rope_theta") or params.get("rope_theta") or 10_000.0)

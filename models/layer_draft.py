@@ -45,6 +45,7 @@ def save_layer_draft(directory: str | Path, draft: specjax.CausalLM, target_conf
     """`draft.json` and `draft.npz` (float32) in `directory`; the shared embedding and head
     rows are rebuilt from the target on load."""
     directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     meta = {"layers": [int(i) for i in layers],
             "config": dataclasses.asdict(select_layers_config(target_config, layers,
                                                               draft_vocab)),

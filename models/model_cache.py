@@ -170,7 +170,9 @@ def cached_model(kind: str, sources: list[Path], options: dict, build: Callable,
     pending = _WRITING.get(folder)
     if pending is not None:  # this process is still writing it
         pending.join()
-    maps = _verified(folder, mapped=(WEIGHTS,)) if (folder / ENTRY).exists() else None
+    # A folder without its record is a half-copied or damaged entry: `_verified` removes
+    # it, so this start rebuilds it (an entry is renamed into place with its record).
+    maps = _verified(folder, mapped=(WEIGHTS,)) if folder.exists() else None
     if maps is not None:
         fields = json.loads((folder / "config.json").read_text())
         config = TransformerConfig(**dict(fields, scan_layers=False))
@@ -215,7 +217,7 @@ def cached_tokenizer(kind: str, sources: list[Path], build: Callable, cache: boo
     if not model_cache_enabled(cache):
         return build()
     folder = default_model_cache_dir() / f"{kind}-{source_key(kind, sources, {})}"
-    if (folder / ENTRY).exists() and _verified(folder) is not None:
+    if folder.exists() and _verified(folder) is not None:
         from tokenizers import Tokenizer
 
         meta = json.loads((folder / "tokenizer_meta.json").read_text())

@@ -213,6 +213,36 @@ def load_drafter(directory: str | Path, target: specjax.CausalLM, *,
                   feature_layers)
 
 
+def _config_file(directory: Path, config: dict) -> str:
+    """How errors name the settings: config.json, or its absence."""
+    path = directory / "config.json"
+    return str(path) if config or path.exists() else f"{path} (absent)"
+
+
+def _positive_int(config: dict, name: str, where: str, default: int | None = None) -> int:
+    """config[name] as an int >= 1 (`default` when it is missing or null); anything else
+    (0, a negative or fractional number, text) refused by name."""
+    value = config.get(name)
+    if value is None:
+        if default is not None:
+            return default
+        said = "null" if name in config else "missing"
+        raise ValueError(f"{where}: {name} is {said}, expected a positive integer; {REMEDY}")
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or value < 1:
+        raise ValueError(f"{where}: {name} is {value!r}, expected a positive integer; {REMEDY}")
+    return int(value)
+
+
+def _positive_float(config: dict, name: str, where: str, default: float) -> float:
+    value = config.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{where}: {name} is {value!r}, expected a positive number; {REMEDY}")
+    return float(value)
+
+
 # ----------------------------------------------------------------------- EAGLE
 
 def _layer_config(layout: str, config: dict, directory: Path) -> dict:
@@ -238,24 +268,27 @@ def _eagle(layout, config, weights, target, embedding, target_head, method, feat
     if layout == "eagle3-speculators" and model_type not in ("llama", "qwen2", "mistral"):
         raise ValueError(f"{directory}: a {model_type!r} decoder layer (its attention has "
                          "q/k norms or another block) is not supported; Llama-style layers are")
-    layers = int(layer.get("num_hidden_layers", 1))
+    where = _config_file(directory, config)
+    layers = _positive_int(layer, "num_hidden_layers", where, default=1)
     prefix = "midlayer." if layout == "eagle3" else "layers.0."
     if layers != 1 or weights.has("layers.1.mlp.down_proj.weight"):
         raise ValueError(f"{directory}: a {layers}-layer drafter; load_drafter runs one-layer "
                          "EAGLE heads (the published EAGLE-1/2/3 heads have one)")
     d_model = embedding.shape[1]
-    hidden = int(layer.get("hidden_size", d_model))
-    target_width = int(config.get("target_hidden_size") or layer.get("target_hidden_size")
-                       or hidden)
+    hidden = _positive_int(layer, "hidden_size", where, default=d_model)
+    target_width = _positive_int(config, "target_hidden_size", where, default=0) or \
+        _positive_int(layer, "target_hidden_size", where, default=hidden)
     if hidden != d_model or target_width != d_model:
         raise ValueError(f"{directory}: the drafter is {hidden} wide over a {target_width}-wide "
                          f"target, but this target is {d_model} wide: load it onto the model "
                          "it was trained for")
-    heads = int(layer["num_attention_heads"])
-    kv_heads = int(layer.get("num_key_value_heads") or heads)
+    heads = _positive_int(layer, "num_attention_heads", where)
+    kv_heads = _positive_int(layer, "num_key_value_heads", where, default=heads)
     # The authors' LlamaAttention takes hidden_size // num_heads, whatever head_dim says.
-    head_dim = int(layer.get("head_dim") or d_model // heads) \
+    head_dim = _positive_int(layer, "head_dim", where, default=d_model // heads) \
         if layout == "eagle3-speculators" else d_model // heads
+    d_ff = _positive_int(layer, "intermediate_size", where)
+    rms_norm_eps = _positive_float(layer, "rms_norm_eps", where, 1e-6)
     theta, scaling = rope_from_hf(layer)
     eagle3 = layout != "eagle1"
     if eagle3:
@@ -272,9 +305,9 @@ def _eagle(layout, config, weights, target, embedding, target_head, method, feat
                 or weights.has(prefix + "self_attn.q_proj.bias"))
     head_config = FeatureHeadConfig(
         kind="eagle3" if eagle3 else "eagle1", d_model=d_model, num_heads=heads,
-        num_kv_heads=kv_heads, d_ff=int(layer["intermediate_size"]),
+        num_kv_heads=kv_heads, d_ff=d_ff,
         feature_layers=tuple(sorted(ids)), head_dim=head_dim, rope_theta=theta,
-        rope_scaling=scaling, rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
+        rope_scaling=scaling, rms_norm_eps=rms_norm_eps,
         layer_input="concat" if eagle3 else "fc",
         norm_before_residual=bool(config.get("norm_before_residual", False)) and eagle3,
         attn_norm=eagle3, final_norm=eagle3, qkv_bias=bias, first_pair=False,
@@ -284,17 +317,17 @@ def _eagle(layout, config, weights, target, embedding, target_head, method, feat
         own_embedding=weights.has("embed_tokens.weight"))
     params = _layer_params(weights, prefix, head_config)
     if eagle3:
-        fc = weights.take("fc.weight", (d_model, len(ids) * d_model), transpose=True)
-        # The columns follow the config's layer order; the target returns sorted layers.
-        order = np.argsort(ids)
-        params["fuse"] = fc.reshape(len(ids), d_model, d_model)[order].reshape(-1, d_model)
-        del fc
+        # fc's column blocks follow the layers' order in the target, whatever order the
+        # config lists them in: vLLM, which produced the features these heads trained on,
+        # collects the aux hidden states as its layer loop passes them
+        # (vllm/model_executor/models/llama.py), and specjax's target returns them sorted.
+        params["fuse"] = weights.take("fc.weight", (d_model, len(ids) * d_model),
+                                      transpose=True)
         if head_config.fuse_norm == "joint":  # speculators' input_norm over [h_a; h_b; h_c]
-            joint = weights.take("input_norm.weight", (len(ids) * d_model,))
-            params["fuse_norm"] = joint.reshape(len(ids), d_model)[order].reshape(-1)
-        elif head_config.fuse_norm == "per_layer":  # fc_norm.{i}, one per layer
+            params["fuse_norm"] = weights.take("input_norm.weight", (len(ids) * d_model,))
+        elif head_config.fuse_norm == "per_layer":  # fc_norm.{i}, one per layer, in order
             params["fuse_norm"] = jnp.stack([weights.take(f"fc_norm.{i}.weight", (d_model,))
-                                             for i in order])
+                                             for i in range(len(ids))])
         params["final_norm"] = weights.take("norm.weight", (d_model,))
         own_head, draft_vocab = _draft_vocabulary(weights, config, layer, target.vocab_size,
                                                   d_model)
@@ -345,7 +378,9 @@ def _draft_vocabulary(weights: _Weights, config: dict, layer: dict, vocab_size: 
     """`(own LM head rows, draft vocabulary)`: EAGLE-3's head scores `draft_vocab_size`
     ids, draft id i being target id i + d2t[i] (t2d marks the same ids); rows are put in
     increasing target-id order (what `Eagle.draft_vocab` wants)."""
-    size = int(config.get("draft_vocab_size") or layer.get("draft_vocab_size") or vocab_size)
+    where = _config_file(weights.directory, config)
+    size = _positive_int(config, "draft_vocab_size", where, default=0) or \
+        _positive_int(layer, "draft_vocab_size", where, default=vocab_size)
     rows = weights.take("lm_head.weight", (size, d_model))
     if not weights.has("d2t"):
         if size != vocab_size:
@@ -421,18 +456,21 @@ def _mimo_mtp(config, weights, target, embedding, lm_head, method) -> Eagle:
     the sequence's first position zeroed. Reused recursively for K > 1 (what specjax's
     "mtp" heads do; MiMo's own code drafts one token)."""
     d_model = embedding.shape[1]
-    if int(config["hidden_size"]) != d_model:
-        raise ValueError(f"{weights.directory}: the MTP module is {config['hidden_size']} wide"
-                         f" but this target is {d_model} wide: load the target from the same "
+    where = _config_file(weights.directory, config)
+    hidden = _positive_int(config, "hidden_size", where)
+    if hidden != d_model:
+        raise ValueError(f"{weights.directory}: the MTP module is {hidden} wide but this "
+                         f"target is {d_model} wide: load the target from the same "
                          "checkpoint (from_pretrained)")
-    heads = int(config["num_attention_heads"])
+    heads = _positive_int(config, "num_attention_heads", where)
     theta, scaling = rope_from_hf(config)
     head_config = FeatureHeadConfig(
         kind="mtp", d_model=d_model, num_heads=heads,
-        num_kv_heads=int(config.get("num_key_value_heads") or heads),
-        d_ff=int(config["intermediate_size"]),
-        head_dim=int(config.get("head_dim") or d_model // heads), rope_theta=theta,
-        rope_scaling=scaling, rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        num_kv_heads=_positive_int(config, "num_key_value_heads", where, default=heads),
+        d_ff=_positive_int(config, "intermediate_size", where),
+        head_dim=_positive_int(config, "head_dim", where, default=d_model // heads),
+        rope_theta=theta, rope_scaling=scaling,
+        rms_norm_eps=_positive_float(config, "rms_norm_eps", where, 1e-6),
         qkv_bias=True, first_pair=False, zero_first_embedding=True)
     prefix = MTP_PREFIX + "0."
     params = _layer_params(weights, prefix, head_config)

@@ -22,7 +22,15 @@ from jaxtyping import Bool, Int, Key
 
 from specjax.causal_lm import CausalLM, prefill
 from specjax.distributed import process_local
-from specjax.inputs import check_pad_id, first_columns, prepare_batch, resolve_key
+from specjax.inputs import (
+    check_pad_id,
+    first_columns,
+    first_rows,
+    prepare_batch,
+    resolve_key,
+    running_rows,
+    settings_for_padded_rows,
+)
 from specjax.sampling import SamplingConfig, SamplingParams, sample_tokens, sampling_params
 
 
@@ -58,7 +66,7 @@ class GenerateOutput:
 
 @functools.partial(jax.jit, static_argnames=("capacity",))
 def _init_state(lm: CausalLM, prompt_tokens_BP: Array, prompt_lengths_B: Array, key: Array,
-                pad_id: Array, *, capacity: int) -> DecodeState:
+                pad_id: Array, running_B: Array, *, capacity: int) -> DecodeState:
     batch = prompt_tokens_BP.shape[0]
     cache = lm.init_cache(batch, capacity)
     cache, cache_lengths_B, last_token_B, _ = prefill(lm, cache, prompt_tokens_BP,
@@ -69,7 +77,7 @@ def _init_state(lm: CausalLM, prompt_tokens_BP: Array, prompt_lengths_B: Array, 
         last_token=last_token_B.astype(jnp.int32),
         cache=cache,
         cache_lengths=cache_lengths_B.astype(jnp.int32),
-        done=jnp.zeros((batch,), bool),
+        done=~running_B,  # a mesh's padding rows are done from the start
         key=key,
     )
 
@@ -143,11 +151,13 @@ def generate(lm: CausalLM, prompts, *, max_new_tokens: int,
       `GenerateOutput(tokens int32 [B, max_new_tokens], lengths int32 [B])`.
     """
     pad_id = check_pad_id(pad_id)
+    sampling = settings_for_padded_rows(lm, prompts, sampling)
     batch, capacity, eos_ids = prepare_batch(lm, prompts, prompt_lengths, max_new_tokens,
                                              sampling, eos_id, cache_size=cache_size)
     state = _init_state(lm, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
-                        resolve_key(key, sampling), jnp.int32(pad_id), capacity=capacity)
+                        resolve_key(key, sampling), jnp.int32(pad_id), running_rows(batch),
+                        capacity=capacity)
     state = _decode_loop(lm, state, jnp.int32(max_new_tokens), jnp.asarray(eos_ids),
                          sampling_params(sampling, batch.tokens.shape[0]))
-    return GenerateOutput(tokens=first_columns(state.output, max_new_tokens),
-                          lengths=process_local(state.num_generated))
+    return GenerateOutput(tokens=first_columns(state.output, max_new_tokens, batch.rows),
+                          lengths=first_rows(process_local(state.num_generated), batch.rows))

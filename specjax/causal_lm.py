@@ -18,6 +18,12 @@ import numpy as np
 from flax import nnx
 from jax import Array
 
+from specjax.compilation_cache import repair_damaged_entries
+
+# Every decoder runs a CausalLM: a damaged persistent-cache entry heals wherever the cache
+# was turned on (the command line's environment, jax.config in a notebook).
+repair_damaged_entries()
+
 ApplyFn = Callable[..., tuple[Array, Array, Any]]
 
 # Prompt tokens per prefill forward (`CausalLM.prefill_chunk`), chosen by

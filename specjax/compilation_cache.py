@@ -7,6 +7,11 @@ them instead of compiling again. The command line turns it on by default; notebo
 
 The folder is trusted code: JAX runs what it finds there, so it is created private to the
 user (mode 0700) and never shared.
+
+A damaged entry (a disk error, a copy cut short) heals: JAX warns and recompiles when it
+cannot read one but never writes over it (its cache skips keys it holds), so every later
+run would pay the compile again; `repair_damaged_entries` removes an entry that fails to
+load, and the program just compiled is written in its place.
 """
 
 from __future__ import annotations
@@ -56,6 +61,48 @@ def prepare_cache_folder(path: str | os.PathLike | None = None) -> Path:
     return folder
 
 
+def repair_damaged_entries() -> bool:
+    """Make JAX remove a persistent-cache entry that it fails to read, so the program it
+    compiles instead is written there again (JAX's own cache never overwrites a key it
+    holds). Idempotent; called by every decoder's module and `enable_compilation_cache`.
+    Returns False where this JAX has no hook for it (the entry then stays until removed by
+    hand)."""
+    try:
+        from jax._src import compilation_cache as jax_cache
+    except ImportError:
+        return False
+    read = getattr(jax_cache, "get_executable_and_time", None)
+    if read is None:
+        return False
+    if getattr(read, "repairs_damaged_entries", False):
+        return True
+
+    def get_executable_and_time(cache_key, *args, **kwargs):
+        try:
+            return read(cache_key, *args, **kwargs)
+        except getattr(jax_cache, "CacheVerificationError", ()):
+            raise  # not damage: JAX's check that a read is allowed, kept as it is
+        except Exception:
+            _remove_entry(getattr(jax_cache, "_cache", None), cache_key)
+            raise  # JAX warns, compiles, and now writes the entry afresh
+
+    get_executable_and_time.repairs_damaged_entries = True
+    jax_cache.get_executable_and_time = get_executable_and_time
+    return True
+
+
+def _remove_entry(cache, cache_key: str) -> None:
+    """Delete the files of `cache_key` in JAX's file cache (`<key>-cache`, `<key>-atime`)."""
+    folder = getattr(cache, "path", None)
+    if folder is None or not cache_key:
+        return
+    for suffix in ("-cache", "-atime"):
+        try:
+            (Path(str(folder)) / f"{cache_key}{suffix}").unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only cache: JAX keeps warning, nothing worse
+
+
 def cache_for_next_jax_import(path: str | os.PathLike | None = None, *,
                               min_compile_secs: float = MIN_COMPILE_SECS) -> Path:
     """The persistent cache for a process that has not imported jax yet: JAX reads these
@@ -82,6 +129,7 @@ def enable_compilation_cache(path: str | os.PathLike | None = None, *,
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 
+    repair_damaged_entries()
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_secs))
     # JAX decides once per process whether the cache is in use (at the first compile):

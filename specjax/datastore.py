@@ -78,11 +78,22 @@ class Datastore:
     @classmethod
     def build(cls, documents: Iterable[Sequence[int]], vocab_size: int) -> Datastore:
         """The datastore of `documents` (each a sequence of token ids in [0, vocab_size))."""
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-            raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
+        if (isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer))
+                or not 1 <= vocab_size <= PADDING):
+            raise ValueError(f"vocab_size must be an int in [1, 2**31 - 1] (the stream is "
+                             f"int32, its padding 2**31 - 1), got {vocab_size!r}")
+        vocab_size = int(vocab_size)
         pieces = []
         for index, document in enumerate(documents):
-            ids = np.asarray(document, np.int64).reshape(-1)
+            ids = np.asarray(document)
+            if ids.ndim != 1:
+                raise ValueError(f"document {index} has shape {list(ids.shape)}: each document "
+                                 "is one sequence of token ids (a list or a 1-D array)")
+            if ids.size and not np.issubdtype(ids.dtype, np.integer):
+                raise ValueError(f"document {index} holds {ids.dtype} values, not integer "
+                                 "token ids (convert them with np.asarray(ids, np.int64) if "
+                                 "they are whole numbers)")
+            ids = ids.astype(np.int64)
             if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
                 raise ValueError(f"document {index} holds token ids in [{ids.min()}, "
                                  f"{ids.max()}], outside the vocabulary [0, {vocab_size})")
@@ -119,8 +130,8 @@ class Datastore:
         """The documents held, in order (host numpy int32 arrays): `build`'s input back."""
         stream = self.stream
         ends = np.flatnonzero(stream == SEPARATOR)
-        return [stream[start:end] for start, end in
-                zip(np.concatenate([[0], ends[:-1] + 1]).astype(int), ends, strict=True)]
+        starts = np.concatenate([[0], ends + 1])[:ends.size].astype(int)
+        return [stream[start:end] for start, end in zip(starts, ends, strict=True)]
 
     def add(self, documents: Iterable[Sequence[int]]) -> Datastore:
         """A datastore that also holds `documents` (e.g. the answers just generated)."""

@@ -21,21 +21,60 @@ from pathlib import Path
 import numpy as np
 
 
+def _creation_mode() -> int:
+    """The mode `open(path, "w")` gives a new file: 0o666 less the process's umask (read
+    without changing it where Linux reports it; elsewhere set and restored at once)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def writable_destination(path: str | os.PathLike) -> Path:
+    """The file a write to `path` replaces: `path` itself, or the file a symlink at `path`
+    points to (written through, as `open` does, so the link stays a link). A directory or
+    a missing parent folder is refused by name, as `open(path, "w")` refuses it."""
+    path = Path(path)
+    destination = Path(os.path.realpath(path)) if path.is_symlink() else path
+    if destination.is_dir():
+        raise IsADirectoryError(f"{path} is a directory: give the path of a file inside it "
+                                "(or another name)")
+    if not destination.parent.is_dir():
+        what = "is not a folder" if destination.parent.exists() else "does not exist"
+        raise FileNotFoundError(f"cannot write {path}: its folder {destination.parent} "
+                                f"{what}; create it first or choose another path")
+    return destination
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yields a temporary path beside `path`; when the block ends without an error, the
-    file written there is flushed to disk and renamed to `path` (else it is removed)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent,
-                                         suffix=path.suffix)
+    file written there is flushed to disk and renamed to `path` (else it is removed).
+
+    For the caller it behaves like `open(path, "w")`: any name or suffix, a new file gets
+    the umask's mode and an overwritten one keeps its own, a symlink is written through,
+    and a directory or a missing folder is refused by name before anything is written."""
+    destination = writable_destination(path)
+    try:
+        mode = destination.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = _creation_mode()
+    handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.tmp-",
+                                         dir=destination.parent)
     os.close(handle)
     temporary = Path(temporary)
     try:
         yield temporary
         with open(temporary, "rb+") as written:
             os.fsync(written.fileno())
-        os.replace(temporary, path)
+        os.chmod(temporary, mode)  # mkstemp's 0600 would hide the file from other users
+        os.replace(temporary, destination)
     finally:
         temporary.unlink(missing_ok=True)
 
@@ -50,9 +89,10 @@ def write_json_atomically(path: str | os.PathLike, value, indent: int | None = 1
 
 
 def save_npz_atomically(path: str | os.PathLike, **arrays) -> None:
-    """`np.savez(path, **arrays)`, atomically (`path` should end in .npz)."""
-    with atomic_path(path) as temporary:
-        np.savez(temporary, **arrays)
+    """`np.savez` of `arrays` to exactly `path`, atomically, whatever its suffix (numpy
+    would append `.npz` to a name without it, so the archive goes through a file object)."""
+    with atomic_path(path) as temporary, open(temporary, "wb") as handle:
+        np.savez(handle, **arrays)
 
 
 def damaged(path: str | os.PathLike, problem: str, remedy: str) -> ValueError:

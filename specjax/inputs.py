@@ -17,7 +17,7 @@ from jax import Array
 
 from specjax.causal_lm import CausalLM
 from specjax.distributed import fetch
-from specjax.sampling import distinct_configs, row_configs
+from specjax.sampling import SamplingConfig, distinct_configs, row_configs
 
 MIN_PROMPT_BUCKET = 32
 # Prompt slots past a row's length hold this id: every vocabulary has it, so the padded
@@ -34,14 +34,70 @@ def bucket(n: int, minimum: int = MIN_PROMPT_BUCKET) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class PromptBatch:
-    """Right-padded prompts: `tokens` int32 `[B, P]` and `lengths` int32 `[B]` (host arrays)."""
+    """Right-padded prompts: `tokens` int32 `[B, P]` and `lengths` int32 `[B]` (host arrays).
+    On a data-parallel mesh B may exceed the caller's rows: `real_rows` are theirs, the
+    rest padding rows (copies of the last real row, done from the start)."""
 
     tokens: np.ndarray
     lengths: np.ndarray
+    real_rows: int | None = None
 
     @property
     def batch(self) -> int:
         return self.tokens.shape[0]
+
+    @property
+    def rows(self) -> int:
+        """The caller's rows (the first `rows` of the batch)."""
+        return self.batch if self.real_rows is None else self.real_rows
+
+
+def data_parallel_rows(lm: CausalLM) -> int:
+    """How many devices split a batch's rows: the size of the mesh axis that the model's
+    sharding rules map rows to (1 on one device or without a batch rule). The KV cache's
+    batch dimension must divide by it."""
+    from specjax.sharding import model_placement
+
+    placement = model_placement(lm)
+    if placement is None or placement[1].batch is None:
+        return 1
+    mesh, rules = placement
+    return int(mesh.shape[rules.batch])
+
+
+def count_rows(prompts) -> int | None:
+    """The number of prompts (rows) the caller passed; None when it is not a batch (the
+    validation that follows says why)."""
+    if hasattr(prompts, "shape"):
+        return int(prompts.shape[0]) if len(prompts.shape) else None
+    try:
+        return len(prompts)
+    except TypeError:
+        return None
+
+
+def padded_rows(lm: CausalLM, rows: int) -> int:
+    """`rows` rounded up to a multiple of the mesh's data axis (tpu-inference pads the
+    same way): any batch size runs on any data-parallel mesh."""
+    multiple = data_parallel_rows(lm)
+    return -(-rows // multiple) * multiple
+
+
+def settings_for_padded_rows(lm: CausalLM, prompts, sampling):
+    """`sampling` for the batch the decoders run: a per-row list is checked against the
+    caller's rows, then extended with copies of its last setting for the padding rows a
+    data-parallel mesh adds (copies keep the batch's static all-greedy bit as it was; the
+    padding rows are done from the start, so their settings never draw a token).
+    One `SamplingConfig` is returned as it is."""
+    rows = count_rows(prompts)
+    if rows is None or rows == 0:
+        return sampling
+    if not isinstance(sampling, SamplingConfig) and not hasattr(sampling, "temperature"):
+        configs = row_configs(sampling, rows)
+        padding = padded_rows(lm, rows) - rows
+        if padding:
+            return tuple(configs) + (configs[-1],) * padding
+    return sampling
 
 
 def pack_prompts(prompts, prompt_lengths, vocab_size: int, *,
@@ -242,16 +298,37 @@ def prepare_batch(lm: CausalLM, prompts, prompt_lengths, max_new_tokens: int,
         config.check_vocab(lm.vocab_size)
     eos = check_eos_id(eos_id, lm.vocab_size)
     unpadded = pack_prompts(prompts, prompt_lengths, lm.vocab_size)
-    row_configs(sampling, unpadded.tokens.shape[0])  # one per row, when it is a list
+    rows = unpadded.tokens.shape[0]
+    batch = padded_rows(lm, rows)
+    # One per row, when it is a list (`settings_for_padded_rows` added the padding rows').
+    row_configs(sampling, batch)
     capacity = plan_capacity(unpadded.lengths, max_new_tokens, lm.max_seq_len,
                              extra_slots=extra_slots, cache_size=cache_size)
     width = min(bucket(unpadded.tokens.shape[1]), capacity)
     padded = np.pad(unpadded.tokens, ((0, 0), (0, width - unpadded.tokens.shape[1])),
                     constant_values=PROMPT_PAD_ID)
-    return PromptBatch(padded, unpadded.lengths), capacity, eos
+    lengths = unpadded.lengths
+    if batch > rows:  # a data-parallel mesh: padding rows, copies of the last real one
+        padded = np.concatenate([padded, np.repeat(padded[-1:], batch - rows, axis=0)])
+        lengths = np.concatenate([lengths, np.repeat(lengths[-1:], batch - rows)])
+    return PromptBatch(padded, lengths, rows), capacity, eos
 
 
-def first_columns(array_BS: Array, n: int) -> Array:
-    """`array_BS[:, :n]` cut on the host: slicing a device array compiles a program per
+def running_rows(batch: PromptBatch) -> Array:
+    """bool [B]: the rows that decode; padding rows start done (they never run a step's
+    drafting, acceptance or counters, and never keep the loop going)."""
+    return jax.numpy.asarray(np.arange(batch.batch) < batch.rows)
+
+
+def first_columns(array_BS: Array, n: int, rows: int | None = None) -> Array:
+    """`array_BS[:rows, :n]` cut on the host: slicing a device array compiles a program per
     new `n`, and `max_new_tokens` must change without compiling anything."""
-    return jax.device_put(fetch(array_BS)[:, :n])
+    return jax.device_put(fetch(array_BS)[:rows, :n])
+
+
+def first_rows(array_B: Array, rows: int) -> Array:
+    """`array_B[:rows]` (the caller's rows, without a mesh's padding rows), cut on the host
+    when there are padding rows; else `array_B` as it is."""
+    if array_B.shape[0] == rows:
+        return array_B
+    return jax.device_put(fetch(array_B)[:rows])

@@ -154,19 +154,27 @@ def mesh_from_spec(spec: str | Mapping[str, int], devices=None) -> Mesh:
     """A mesh from "data=2,model=4" (or {"data": 2, "model": 4}) over `devices` (default:
     all of them); the sizes must multiply to the number of devices."""
     if isinstance(spec, str):
-        sizes = {}
+        pairs = []
         for part in spec.split(","):
             name, _, size = part.partition("=")
-            name = name.strip()
             try:
-                sizes[name] = int(size)
+                pairs.append((name.strip(), int(size)))
             except ValueError:
                 raise ValueError(f"mesh spec {spec!r}: expected name=size pairs separated "
                                  "by commas, e.g. data=2,model=4") from None
-            if not name:
-                raise ValueError(f"mesh spec {spec!r}: an axis has no name")
     else:
-        sizes = {str(k): int(v) for k, v in dict(spec).items()}
+        pairs = list(dict(spec).items())  # a Mapping cannot repeat a name
+    sizes = {}
+    for name, size in pairs:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"mesh spec {spec!r}: an axis has no name")
+        if name in sizes:
+            raise ValueError(f"mesh spec {spec!r}: axis {name!r} is given twice; name each "
+                             "axis once")
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+            raise ValueError(f"mesh spec {spec!r}: axis {name!r} has size {size!r}; sizes "
+                             "are whole numbers of devices")
+        sizes[name] = int(size)
     if not sizes or any(size < 1 for size in sizes.values()):
         raise ValueError(f"mesh spec {spec!r}: every axis needs a size >= 1")
     devices = list(jax.devices() if devices is None else devices)

@@ -22,7 +22,16 @@ from specjax.causal_lm import CausalLM, prefill
 from specjax.distributed import process_local
 from specjax.drafters.base import drafter_key
 from specjax.drafters.draft_model import DraftModel
-from specjax.inputs import check_pad_id, first_columns, prepare_batch, resolve_key
+from specjax.inputs import (
+    check_pad_id,
+    count_rows,
+    first_columns,
+    first_rows,
+    prepare_batch,
+    resolve_key,
+    running_rows,
+    settings_for_padded_rows,
+)
 from specjax.sampling import SamplingConfig, SamplingParams, distinct_configs, sampling_params
 from specjax.sharding import pin_rows
 from specjax.stats import SpeculativeStats
@@ -56,7 +65,8 @@ def as_drafter(draft):
 
 @functools.partial(jax.jit, static_argnames=("capacity", "num_draft_tokens", "drafter_type"))
 def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengths_B: Array,
-                key: Array, max_new_tokens: Array, eos_ids: Array, *, capacity: int,
+                key: Array, max_new_tokens: Array, eos_ids: Array, running_B: Array, *,
+                capacity: int,
                 num_draft_tokens: int, drafter_type: tuple) -> SpeculativeState:
     del drafter_type  # in the compile key only (see step.compiled_step)
     batch, width = prompt_tokens_BP.shape
@@ -72,7 +82,7 @@ def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengt
         target_cache=cache,
         drafter_state=drafter.init(prompt_tokens_BP, prompt_lengths_B, capacity,
                                    **({} if layers is None else {"features": features})),
-        done=jnp.zeros((batch,), bool), key=key, max_new_tokens=max_new_tokens,
+        done=~running_B, key=key, max_new_tokens=max_new_tokens,  # padding rows: done
         eos_ids=eos_ids, target_forwards=zeros, draft_forwards=zeros, proposed=zeros,
         checked=zeros, accepted=zeros,
         accepted_per_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
@@ -151,13 +161,22 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
                            ) -> tuple[SpeculativeState, Any]:
     """Validate the inputs on the host, then prefill target and drafter.
 
-    `cache_size` pins the slots of the caches and the token buffer (by default a power of
-    two >= longest prompt + max_new_tokens + N + 1); too small a value is refused.
+    `cache_size` pins the slots of the caches and the token buffer; too small a value is
+    refused. By default (`specjax.inputs.plan_capacity`) it is the need, longest prompt +
+    max_new_tokens + K + 1 (K the chain's drafts or the tree's N nodes: a step's scratch
+    slots), rounded up to a power of two of at least `MIN_CACHE_BUCKET` slots (short
+    requests share one compiled decoder), but no more than the target's max_seq_len + K + 1.
     `tree` (a `specjax.trees.TreeShape`) makes every step draft and verify that tree of
     N = tree.num_nodes nodes instead of a chain of K = num_draft_tokens; a
     `specjax.trees.DynamicTree` makes the drafter grow its own tree of N nodes per row.
     Returns `(state, drafter)`; pass both to `speculative_step` with
     `SpeculativeConfig(num_draft_tokens=..., sampling=..., tree=...)`.
+
+    On a data-parallel mesh whose data axis does not divide the batch, the state holds
+    padding rows after the caller's (copies of the last prompt, done from the start) up to
+    `specjax.inputs.padded_rows(target, B)`; a per-row sampling list then needs their
+    settings too (`specjax.inputs.settings_for_padded_rows(target, prompts, sampling)`),
+    and the caller reads its first B rows.
     """
     return _init_speculative_state(
         target, draft, prompts, max_new_tokens=max_new_tokens,
@@ -187,6 +206,7 @@ def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens:
     or `step.compiled_step`, and its `SpeculativeConfig`), the program that will take the
     state is lowered and compiled in a background thread while the prefill compiles and
     runs (`specjax.background_compile`), the first time these shapes come."""
+    sampling = settings_for_padded_rows(target, prompts, sampling)
     config = speculative_config(num_draft_tokens, sampling, tree, draft)
     tree = config.tree
     drafter = as_drafter(draft)
@@ -198,7 +218,8 @@ def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens:
     for row_sampling in distinct_configs(sampling):
         drafter.check(target, row_sampling)
     prefill_args = (target, drafter, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
-                    resolve_key(key, sampling), jnp.int32(max_new_tokens), jnp.asarray(eos_ids))
+                    resolve_key(key, sampling), jnp.int32(max_new_tokens), jnp.asarray(eos_ids),
+                    running_rows(batch))
     prefill_static = dict(capacity=capacity, num_draft_tokens=config.num_draft_tokens,
                           drafter_type=drafter_key(drafter))
     compile_next = None
@@ -253,7 +274,9 @@ def start_decoding(target: CausalLM, draft, prompts, *, max_new_tokens: int,
     `program` (`_speculative_loop` or `step.compiled_step`): the jitted program the
     caller runs next, as `program(target, drafter, state, compile_key(config, params),
     params, drafter_type=...)`; it is compiled while the prefill runs."""
-    config = speculative_config(num_draft_tokens, sampling, tree, draft)
+    config = speculative_config(num_draft_tokens,
+                                settings_for_padded_rows(target, prompts, sampling), tree,
+                                draft)
     pad_id = check_pad_id(pad_id)
     state, drafter = _init_speculative_state(
         target, draft, prompts, max_new_tokens=max_new_tokens,
@@ -312,6 +335,8 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
     params = sampling_params(config.sampling, state.lengths.shape[0])
     state = _speculative_loop(target, drafter, state, compile_key(config, params), params,
                               drafter_type=drafter_key(drafter))
-    tokens = first_columns(_generated_tokens(state, jnp.int32(pad_id)), max_new_tokens)
-    return SpeculativeOutput(tokens=tokens, lengths=process_local(state.num_generated),
-                             stats=SpeculativeStats.from_state(state))
+    rows = count_rows(prompts)  # the caller's; a mesh's padding rows follow them
+    tokens = first_columns(_generated_tokens(state, jnp.int32(pad_id)), max_new_tokens, rows)
+    return SpeculativeOutput(tokens=tokens,
+                             lengths=first_rows(process_local(state.num_generated), rows),
+                             stats=SpeculativeStats.from_state(state, rows))

@@ -75,12 +75,14 @@ class SpeculativeStats:
             num_steps=int(num_steps))
 
     @classmethod
-    def from_state(cls, state) -> SpeculativeStats:
-        """The stats of a (finished) `SpeculativeState`."""
+    def from_state(cls, state, rows: int | None = None) -> SpeculativeStats:
+        """The stats of a (finished) `SpeculativeState`: of its first `rows` rows (the
+        caller's, without a mesh's padding rows), or of all."""
         host = fetch(
             (state.proposed, state.accepted, state.checked, state.lengths - state.prompt_lengths,
              state.target_forwards, state.draft_forwards, state.accepted_per_position,
              state.accepted_length_counts, state.num_steps))
+        host = tuple(x[:rows] if x.ndim else x for x in host)
         names = ("proposed", "accepted", "checked", "emitted", "target_forwards",
                  "draft_forwards", "accepted_per_position", "accepted_length_counts",
                  "num_steps")

@@ -20,6 +20,7 @@ from jax import Array
 from specjax.causal_lm import CausalLM
 from specjax.distributed import fetch
 from specjax.drafters.base import drafter_key
+from specjax.inputs import count_rows
 from specjax.sampling import SamplingConfig, sampling_params
 from specjax.speculative_loop import start_decoding
 from specjax.stats import SpeculativeStats
@@ -75,14 +76,15 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
     width = (config.num_draft_tokens if tree is None else tree.max_depth) + 1
     params = sampling_params(config.sampling, state.lengths.shape[0])
     step_config = compile_key(config, params)
+    rows = count_rows(prompts)  # the caller's; a mesh's padding rows follow them
     step = 0
     while True:
         state = compiled_step(target, drafter, state, step_config, params,
                               drafter_type=drafter_key(drafter))
         step += 1
-        emitted, accepted, done, window = fetch(
+        emitted, accepted, done, window = (x[:rows] for x in fetch(
             (state.step_emitted, state.step_accepted, state.done,
-             _step_window(state, width=width)))
+             _step_window(state, width=width))))
         tokens = [window[b, : emitted[b]].tolist() for b in range(len(emitted))]
         from_draft = [[i < accepted[b] for i in range(emitted[b])] for b in range(len(emitted))]
         finished = bool(np.all(done))
@@ -90,6 +92,6 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
                          pad_id).astype(np.int32)
         yield StreamChunk(step=step, tokens=tokens, from_draft=from_draft,
                           done=[bool(d) for d in done], block=block,
-                          stats=SpeculativeStats.from_state(state) if finished else None)
+                          stats=SpeculativeStats.from_state(state, rows) if finished else None)
         if finished:
             return

@@ -170,6 +170,12 @@ def test_expected_speed_needs_a_verify_cost_per_width():
      "verify_costs"),
     (lambda: expected_speed(PromptLookup(), verify_costs="1,2"), ValueError, "verify_costs"),
     (lambda: expected_speed(PromptLookup(), memory=1.0), ValueError, "memory"),
+    (lambda: expected_speed(PromptLookup(), memory="0.5"), ValueError,
+     "memory must be a number in"),
+    (lambda: expected_speed(PromptLookup(), draft_cost=np.float32("nan")), ValueError,
+     "draft_cost"),
+    (lambda: expected_speed(PromptLookup(), verify_costs=np.ones((2, 2))), ValueError,
+     "verify_costs"),
     (lambda: expected_speed(PromptLookup(), prior_acceptance=0.0), ValueError,
      "prior_acceptance"),
     (lambda: expected_speed(PromptLookup(), min_length=-1), ValueError, "min_length"),
@@ -191,3 +197,16 @@ def test_a_tree_step_is_refused(tiny_lm, close_draft):
                                      [[1, 2]], max_new_tokens=4,
                                      tree=specjax.TreeShape.from_paths([[0], [1]]),
                                      key=jax.random.key(0))
+
+
+def test_numpy_costs_and_settings_are_the_same_settings_as_python_numbers():
+    measured = expected_speed(PromptLookup(), draft_cost=np.float32(0.25),
+                              verify_costs=np.array([1.0, 1.1, 1.25], np.float32),
+                              memory=np.float64(0.8), prior_acceptance=np.float32(0.5))
+    plain = expected_speed(PromptLookup(), draft_cost=0.25, verify_costs=(1.0, 1.1, 1.25),
+                           memory=0.8, prior_acceptance=0.5)
+    assert measured.draft_cost == 0.25 and type(measured.draft_cost) is float
+    assert measured.verify_costs == pytest.approx(plain.verify_costs)
+    assert all(type(v) is float for v in measured.verify_costs)
+    assert (measured.memory, measured.prior_acceptance) == (0.8, 0.5)
+    hash(measured)  # static fields: hashable, as a compile key needs

@@ -101,7 +101,8 @@ def test_prefill_then_loop_leaves_cache_lengths_one_short():
     """The decode invariant: the cache holds every committed token but the last."""
     lm = plus_one_lm(vocab=16)
     state = _init_state(lm, jnp.array([[1, 2, 3], [4, 0, 0]]), jnp.array([3, 1]),
-                        jax.random.key(0), jnp.int32(0), capacity=16)
+                        jax.random.key(0), jnp.int32(0), jnp.array([True, True]),
+                        capacity=16)
     assert state.cache_lengths.tolist() == [2, 0]
     assert state.last_token.tolist() == [3, 4]
 

@@ -54,6 +54,9 @@ from conftest import run_cli
      "/nope does not exist"),
     (["distill", "--target", "/nope", "--draft", "/nope", "--out", "/tmp/x"],
      "/nope does not exist"),
+    (["generate", "x", "--seed", str(2**70)], "is outside [0, 2**63 - 1]"),
+    (["generate", "x", "--seed", "-1"], "argument --seed: -1 is outside"),
+    (["generate", "x", "--top-k", "many"], "argument --top-k: invalid int value"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     """In this process (`main`, as the script runs it; the compilation cache left alone):

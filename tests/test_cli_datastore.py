@@ -103,3 +103,21 @@ def test_a_smollm2_datastore_holds_smollm2_token_ids(tmp_path, capsys):
     assert code == 0, err
     store = Datastore.load(out)
     assert store.vocab_size == 49152 and np.all(store.stream[:-1] < 49152)
+
+
+def test_an_unwritable_out_is_one_line_and_leaves_nothing(tmp_path, capsys):
+    text = tmp_path / "notes.txt"
+    text.write_text("some text\n")
+    folder = tmp_path / "store"
+    folder.mkdir()
+    for out, message in ((folder, "store is a directory"),
+                         (tmp_path / "missing" / "ds.npz", "does not exist")):
+        code, _, err = _run(capsys, "datastore", "build", "--tokenizer", "bytes", str(text),
+                            "--out", str(out))
+        assert code == 2 and message in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "store"]
+    assert list(folder.iterdir()) == []
+    code, _, err = _run(capsys, "datastore", "build", "--tokenizer", "bytes", str(text),
+                        "--out", str(tmp_path / "plain"))  # any name: written as given
+    assert code == 0 and Datastore.load(tmp_path / "plain").num_documents == 1, err

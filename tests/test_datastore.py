@@ -121,3 +121,25 @@ def test_damaged_and_foreign_files_are_refused_by_name(tmp_path):
         Datastore.load(tmp_path / "bad_ids.npz")
     with pytest.raises(FileNotFoundError):
         Datastore.load(tmp_path / "missing.npz")
+
+
+def test_an_empty_datastore_has_no_documents_and_saves_under_any_name(tmp_path):
+    empty = Datastore.build([], vocab_size=4)
+    assert empty.documents() == [] and empty.num_documents == 0
+    store = Datastore.build([[1, 2], [3]], vocab_size=4)
+    store.save(tmp_path / "store")  # no .npz suffix: written at exactly that name
+    assert [p.name for p in tmp_path.iterdir()] == ["store"]
+    again = Datastore.load(tmp_path / "store")
+    assert [d.tolist() for d in again.documents()] == [[1, 2], [3]]
+
+
+@pytest.mark.parametrize("documents, vocab_size, message", [
+    ([[1.0, 2.5]], 4, "holds float64 values, not integer token ids"),
+    ([[[1, 2], [3, 0]]], 4, r"has shape \[2, 2\]: each document is one sequence"),
+    ([[2**31 - 1]], 2**31, r"vocab_size must be an int in \[1, 2\*\*31 - 1\]"),
+    ([[2**31 + 5]], 2**31 - 1, "outside the vocabulary"),
+    ([[1]], 4.0, "vocab_size must be an int"),
+])
+def test_ids_a_datastore_cannot_hold_are_refused(documents, vocab_size, message):
+    with pytest.raises(ValueError, match=message):
+        Datastore.build(documents, vocab_size)

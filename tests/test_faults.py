@@ -349,3 +349,55 @@ def test_a_good_file_still_loads(good_gguf, good_hf, good_checkpoint):
     for lm in (specjax_models.from_gguf(good_gguf), specjax_models.from_pretrained(good_hf),
                specjax_models.load_checkpoint(good_checkpoint)):
         assert isinstance(lm, specjax.CausalLM)
+
+
+# ------------------------------------------------------------------ caches that heal
+
+def test_a_model_cache_entry_without_its_record_is_rebuilt(good_gguf, tmp_path, monkeypatch):
+    from test_model_cache import conversions, leaves
+
+    from specjax_models import model_cache
+
+    folder = tmp_path / "models"
+    monkeypatch.setenv(model_cache.ENV_VAR, str(folder))
+    calls = conversions(monkeypatch)
+    first = leaves(specjax_models.from_gguf(good_gguf))
+    model_cache.wait_for_writes()
+    (entry,) = [p for p in folder.iterdir() if p.name.startswith("gguf-")]
+    (entry / model_cache.ENTRY).unlink()  # a half-copied entry: its files, no record
+    rebuilt = leaves(specjax_models.from_gguf(good_gguf))
+    model_cache.wait_for_writes()
+    assert calls.count("_convert_gguf") == 2 and (entry / model_cache.ENTRY).exists()
+    for a, b in zip(first, rebuilt, strict=True):
+        np.testing.assert_array_equal(a, b)
+    specjax_models.from_gguf(good_gguf)  # the rebuilt entry is used
+    assert calls.count("_convert_gguf") == 2
+
+
+COMPILE_ONCE = """
+import sys, warnings
+import jax, jax.numpy as jnp
+import specjax
+specjax.enable_compilation_cache(sys.argv[1], min_compile_secs=0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    jax.jit(lambda x: jnp.sin(x) * 3 + 1)(jnp.ones(4)).block_until_ready()
+print(sum("Error reading persistent compilation cache" in str(w.message) for w in caught))
+"""
+
+
+def test_a_damaged_compilation_cache_entry_is_written_again(tmp_path):
+    import subprocess
+    import sys
+
+    folder = tmp_path / "jax"
+    run = lambda: subprocess.run([sys.executable, "-c", COMPILE_ONCE, str(folder)],
+                                 capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert run() == "0"
+    entries = sorted(folder.glob("jit__lambda-*-cache"))
+    assert len(entries) == 1
+    entries[0].write_bytes(b"damaged: not a compressed executable")
+    assert run() == "1"  # JAX warns once and compiles...
+    assert entries[0].read_bytes() != b"damaged: not a compressed executable"  # ...rewritten
+    assert run() == "0"  # the next run loads it

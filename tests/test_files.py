@@ -64,3 +64,55 @@ def test_a_cut_archive_is_named_and_arrays_are_checked(tmp_path):
         with pytest.raises(ValueError, match=message):
             check_arrays(tmp_path / "d.npz", arrays, expected, "fix")
     assert json.loads(json.dumps(sorted(arrays))) == ["ids", "w"]
+
+
+@pytest.mark.parametrize("name", ["store", "store.bin", "store.npz", "a.b.c"])
+def test_an_archive_is_written_at_exactly_the_given_name(tmp_path, name):
+    save_npz_atomically(tmp_path / name, w=np.arange(3))
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    assert load_npz(tmp_path / name)["w"].tolist() == [0, 1, 2]
+
+
+def test_modes_follow_the_umask_and_an_overwritten_file_keeps_its_own(tmp_path):
+    import os
+
+    old = os.umask(0o027)
+    try:
+        write_json_atomically(tmp_path / "new.json", {"x": 1})
+        assert (tmp_path / "new.json").stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(old)
+    shared = tmp_path / "shared.npz"
+    save_npz_atomically(shared, w=np.zeros(2))
+    shared.chmod(0o644)
+    save_npz_atomically(shared, w=np.ones(2))
+    assert shared.stat().st_mode & 0o777 == 0o644
+    shared.chmod(0o600)
+    write_json_atomically(shared, {"x": 2})
+    assert shared.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_symlink_is_written_through(tmp_path):
+    (tmp_path / "real").mkdir()
+    write_json_atomically(tmp_path / "real" / "a.json", {"x": 1})
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "real" / "a.json")
+    write_json_atomically(link, {"x": 2})
+    assert link.is_symlink()
+    assert read_json(tmp_path / "real" / "a.json") == {"x": 2}
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["a.json"]
+
+
+def test_a_directory_or_a_missing_folder_is_refused_by_name_and_nothing_is_left(tmp_path):
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(IsADirectoryError, match="folder is a directory"):
+        save_npz_atomically(tmp_path / "folder", w=np.zeros(1))
+    with pytest.raises(FileNotFoundError, match="missing.*does not exist"):
+        write_json_atomically(tmp_path / "missing" / "a.json", {})
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        write_json_atomically(tmp_path / "plain" / "a.json", {})
+    with pytest.raises(TypeError):  # a value JSON cannot hold: no temporary remains
+        write_json_atomically(tmp_path / "x.json", {"w": object()})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "plain"]
+    assert list((tmp_path / "folder").iterdir()) == []

@@ -90,3 +90,28 @@ def test_frozen_groups_stay_as_they_were(tiny_lm, close_draft):
 def test_bad_settings_are_refused(tiny_lm, close_draft, make, message):
     with pytest.raises(ValueError, match=message):
         make(tiny_lm, close_draft)
+
+
+def test_an_array_of_prompts_is_kept_without_its_padding(tiny_lm, close_draft):
+    distiller = OnlineDistiller(tiny_lm, close_draft, OnlineConfig(window=16))
+    prompts = np.array([[3, 0, 0], [4, 5, 6]], np.int32)
+    out = distiller.generate(prompts, prompt_lengths=[1, 3], max_new_tokens=3,
+                             num_draft_tokens=2, sampling=GREEDY)
+    kept = [(text.tolist(), length) for text, length in distiller._texts]
+    tokens = np.asarray(out.tokens)
+    assert kept == [([3, *tokens[0, :3].tolist()], 1), ([4, 5, 6, *tokens[1, :3].tolist()], 3)]
+
+
+def test_observed_ids_outside_the_vocabulary_are_refused_and_nothing_is_kept(tiny_lm,
+                                                                            close_draft):
+    distiller = OnlineDistiller(tiny_lm, close_draft, OnlineConfig(window=16))
+    for prompts, generated in [([[1, 2]], [[tiny_lm.vocab_size]]), ([[-1, 2]], [[3]])]:
+        with pytest.raises(ValueError, match="outside the target's vocabulary"):
+            distiller.observe([[4, 5]] + prompts, [[6]] + generated)
+    assert len(distiller._texts) == 0 and distiller.update() is None
+
+
+def test_one_frozen_group_may_be_named_alone():
+    assert OnlineConfig(frozen="embed").frozen == ("embed",)
+    with pytest.raises(ValueError, match="group names"):
+        OnlineConfig(frozen=[1])

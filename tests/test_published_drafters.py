@@ -9,6 +9,7 @@ with generate, the 3-token chi-square) is in tests/test_exactness.py ("published
 from __future__ import annotations
 
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -435,3 +436,65 @@ def test_medusa1_equals_the_medusa_llm_package(tiny_lm, tmp_path):
     drafter = specjax_models.load_drafter(directory, tiny_lm)
     ours = np.asarray(medusa_logits(drafter.params, drafter.lm_head, jnp.asarray(hidden)))
     np.testing.assert_allclose(ours, reference.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fuse_norm", [None, "norm_before_fc", "fc_norm"])
+def test_unsorted_aux_layer_ids_read_fc_in_layer_order_as_vllm_does(deep_lm, tmp_path,
+                                                                    fuse_norm):
+    """vLLM concatenates the aux hidden states as its layer loop meets them, so fc's column
+    blocks (and speculators' fuse norms) follow the layers' order whatever the config's."""
+    switches = {} if fuse_norm is None else {fuse_norm: True}
+    good = write_synthetic_drafter(tmp_path / "sorted", "eagle3-speculators", shape(), seed=4,
+                                   **switches)
+    unsorted = tmp_path / "unsorted"
+    shutil.copytree(good, unsorted)
+    config = json.loads((good / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    (unsorted / "config.json").write_text(json.dumps(
+        {**config, "eagle_aux_hidden_state_layer_ids": [5, 2, 4]}))
+    expected = specjax_models.load_drafter(good, deep_lm)
+    loaded = specjax_models.load_drafter(unsorted, deep_lm)
+    assert loaded.feature_layers == expected.feature_layers == (2, 4, 5)
+    for name in ("fuse", "fuse_norm"):
+        if name in expected.params:
+            np.testing.assert_array_equal(loaded.params[name], expected.params[name])
+    w = tensors(good)
+    np.testing.assert_array_equal(loaded.params["fuse"], w["fc.weight"].numpy().T)
+
+
+@pytest.mark.parametrize("where, value, message", [
+    ("layer", {"num_attention_heads": None}, "num_attention_heads is null"),
+    ("layer", {"num_attention_heads": 0}, "num_attention_heads is 0, expected a positive"),
+    ("layer", {"intermediate_size": "big"}, "intermediate_size is 'big'"),
+    ("layer", {"num_key_value_heads": 2.5}, "num_key_value_heads is 2.5"),
+    ("layer", {"rms_norm_eps": "tiny"}, "rms_norm_eps is 'tiny', expected a positive number"),
+    ("layer", {"rope_theta": "x"}, "rope settings"),
+    ("top", {"transformer_layer_config": {}}, "num_attention_heads is missing"),
+    ("top", {"draft_vocab_size": -3}, "draft_vocab_size is -3"),
+])
+def test_unusable_config_values_are_refused_by_name(deep_lm, tmp_path, where, value, message):
+    good = write_synthetic_drafter(tmp_path / "good", "eagle3-speculators", shape())
+    config = json.loads((good / "config.json").read_text())
+    if where == "layer":
+        config["transformer_layer_config"] = {**config["transformer_layer_config"], **value}
+    else:
+        config.update(value)
+    (good / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=message) as raised:
+        specjax_models.load_drafter(good, deep_lm)
+    assert "config.json" in str(raised.value) or "rope" in message
+
+
+def test_a_drafter_without_its_config_or_width_is_refused_by_name(deep_lm, tmp_path):
+    eagle = write_synthetic_drafter(tmp_path / "eagle", "eagle1", shape(num_layers=2))
+    (eagle / "config.json").unlink()
+    with pytest.raises(ValueError, match=r"config.json \(absent\).*num_attention_heads is "
+                                         "missing"):
+        specjax_models.load_drafter(eagle, deep_lm)
+    target_dir = tmp_path / "mimo"
+    mimo = write_synthetic_drafter(target_dir, "mimo-mtp", shape())
+    config = json.loads((mimo / "config.json").read_text())
+    del config["hidden_size"]
+    (mimo / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="hidden_size is missing"):
+        specjax_models.load_drafter(mimo, deep_lm)

@@ -104,9 +104,11 @@ SCRIPT = textwrap.dedent("""
     sampled = [specjax.SamplingConfig(temperature=1.0),
                specjax.SamplingConfig(temperature=0.7, top_k=8),
                specjax.SamplingConfig(temperature=1.0, top_p=0.8)]
+    # 3 x 4001 rows on 8 devices: 5 padding rows (copies of the last row's setting),
+    # each row group's chi-square against the target enumerated exactly.
     pvalues, out = speculative_joint_pvalues(specjax_models.shard(lm, mesh, DATA_PARALLEL),
                                              draft, [3, 1, 4], sampled, num_draft_tokens=2,
-                                             rows_per_setting=4000)
+                                             rows_per_setting=4001)
     results["pvalues"] = pvalues
     # Tensor parallel: the vocabulary is split, so sampling (top-k, top-p) reads logits
     # spread over the devices.
@@ -141,16 +143,37 @@ SCRIPT = textwrap.dedent("""
                  lambda: specjax_models.shard(build_lm(0, num_heads=8, num_kv_heads=8,
                                                        d_ff=100),
                                               mesh_from_spec("model=8"), TENSOR_PARALLEL),
-                 lambda: specjax_models.shard(lm, mesh_from_spec("data=8"), TENSOR_PARALLEL),
-                 lambda: specjax.generate(specjax_models.shard(lm, mesh_from_spec("data=8"),
-                                                               DATA_PARALLEL),
-                                          prompts[:3], **greedy)):
+                 lambda: specjax_models.shard(lm, mesh_from_spec("data=8"), TENSOR_PARALLEL)):
         try:
             make()
             refusals.append(None)
         except ValueError as error:
             refusals.append(str(error))
     results["refusals"] = refusals
+    # Batches the data axis does not divide: padded inside, the caller's rows identical
+    # to one device's, per-row settings kept per row (greedy rows among sampled ones).
+    mixed = [specjax.SamplingConfig(temperature=0.9), specjax.GREEDY,
+             specjax.SamplingConfig(temperature=1.1, top_k=6), specjax.GREEDY,
+             specjax.SamplingConfig(temperature=0.7, top_p=0.9)]
+    padded = {}
+    for spec, rules in (("data=8", DATA_PARALLEL), ("data=2,model=4", DATA_AND_TENSOR)):
+        sharded = specjax_models.shard(lm, mesh_from_spec(spec), rules)
+        for rows in (3, 5):
+            kwargs = dict(max_new_tokens=10, sampling=mixed[:rows], key=jax.random.key(7),
+                          eos_id=5)
+            for name, decode in (
+                    ("generate", lambda m, kw: specjax.generate(m, prompts[:rows], **kw)),
+                    ("draft chain", lambda m, kw: specjax.speculative_generate(
+                        m, draft, prompts[:rows], num_draft_tokens=3, **kw))):
+                one, placed = decode(lm, kwargs), decode(sharded, kwargs)
+                padded[f"{spec} {rows} {name}"] = (
+                    [tokens(one), lengths(one)] == [tokens(placed), lengths(placed)]
+                    and len(tokens(placed)) == rows)
+            streamed = list(specjax.speculative_stream(sharded, draft, prompts[:rows],
+                                                       num_draft_tokens=3, **kwargs))
+            padded[f"{spec} {rows} stream rows"] = all(len(c.tokens) == rows
+                                                       for c in streamed)
+    results["padded"] = padded
     # A GGUF file loaded straight onto a 4x2 mesh (tensor by tensor) and by one device.
     from test_gguf import TINY, write_gguf
     gguf_lm = build_lm(3, **TINY)
@@ -243,11 +266,18 @@ def test_sampled_decoding_on_a_mesh_is_exact(on_eight_devices):
 
 @pytest.mark.slow  # one process of its own on 8 devices: about 75 s
 def test_shapes_that_do_not_divide_are_refused_by_name(on_eight_devices):
-    heads, mlp, axis, rows = on_eight_devices["refusals"]
+    heads, mlp, axis = on_eight_devices["refusals"]
     assert "num_heads (4)" in heads and "'model'" in heads
     assert "mlp dimension (100)" in mlp and "mlp.down_proj.kernel" in mlp
     assert "mesh axes ['model']" in axis
-    assert "batch dimension (3)" in rows and "KV cache" in rows
+
+
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+def test_any_batch_runs_on_a_data_parallel_mesh_as_on_one_device(on_eight_devices):
+    """3 and 5 rows on data=8 and data=2,model=4: padded to the data axis inside, the
+    caller's rows (tokens, lengths, per-row sampling settings) as on one device."""
+    padded = on_eight_devices["padded"]
+    assert len(padded) == 12 and all(padded.values()), padded
 
 
 @pytest.mark.slow  # one process of its own on 8 devices: about 75 s

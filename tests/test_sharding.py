@@ -51,7 +51,10 @@ def test_meshes_from_a_spec_string():
     assert mesh.axis_names == ("data",) and mesh.devices.size == len(jax.devices())
     assert mesh_from_spec({"data": 1, "model": 1}).axis_names == ("data", "model")
     for bad, message in (("data=two", "name=size pairs"), ("=1", "has no name"),
-                         ("data=0", "size >= 1"), ("data=1,model=3", "devices, but")):
+                         ("data=0", "size >= 1"), ("data=1,model=3", "devices, but"),
+                         ("data=1,data=1", "'data' is given twice"),
+                         ({"model": 8.7}, "has size 8.7; sizes are whole numbers"),
+                         ({"model": True}, "has size True"), ({"": 1}, "has no name")):
         with pytest.raises(ValueError, match=message):
             mesh_from_spec(bad)
 

@@ -26,8 +26,16 @@ __all__ = ["CliError", "build_parser", "main", "run"]
 COMMANDS = (demo, generate, chat, train, train_drafter, datastore)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one line (exit status 2), as every other
+    refusal of the command line is."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specjax",
+    parser = Parser(prog="specjax",
                                      description="Exact speculative decoding in JAX.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
@@ -50,21 +58,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     command = "?"
     try:
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exited:  # --help (0), or a usage error already printed (2)
+            return exited.code if isinstance(exited.code, int) else 2
         command = args.command
         compilation_cache(args)
         if args.no_model_cache:  # read by specjax_models.model_cache when a model loads
             os.environ["SPECJAX_MODEL_CACHE"] = "off"
         return args.handler(args)
-    except (CliError, ValueError, TypeError, FileNotFoundError) as error:
+    except BrokenPipeError:  # `specjax generate ... | head`
+        return 0
+    except (CliError, ValueError, TypeError, OverflowError, OSError) as error:
+        # A user's file or value (a missing or unwritable path, a folder where a file was
+        # expected, a damaged file, a bad setting): one line, never a traceback.
         print(f"specjax {command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(flush=True)
         print(f"specjax {command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `specjax generate ... | head`
-        return 0
 
 
 def run() -> None:

@@ -17,6 +17,7 @@ from specjax.cli.common import (
     add_self_speculation_options,
     painter,
     say,
+    seed_value,
     stream_text,
     use_colour,
 )
@@ -62,7 +63,7 @@ def register(sub) -> None:
     ch.add_argument("--num-draft-tokens", type=int, default=4,
                     help="K, drafts verified per target forward (default: %(default)s)")
     add_sampling(ch)
-    ch.add_argument("--seed", type=int, default=0, help="PRNG seed (default: %(default)s)")
+    ch.add_argument("--seed", type=seed_value, default=0, help="PRNG seed (default: %(default)s)")
     ch.add_argument("--max-new-tokens", type=int, default=256,
                     help="at most this many tokens per reply (default: %(default)s)")
     ch.add_argument("--system", default=None, help="a system message (default: the model's)")

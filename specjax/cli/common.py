@@ -21,6 +21,22 @@ class CliError(Exception):
     """A user-facing problem: printed as one line, exit status 2."""
 
 
+SEED_LIMIT = 2**63 - 1  # what jax.random.key, numpy and Python's random all take
+
+
+def seed_value(text: str) -> int:
+    """An argparse type: a PRNG seed, an integer in [0, 2**63 - 1]."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"{value} is outside [0, 2**63 - 1]")
+    return value
+
+
 def use_colour(mode: str) -> bool:
     return sys.stdout.isatty() if mode == "auto" else mode == "always"
 

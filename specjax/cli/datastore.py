@@ -103,9 +103,11 @@ def documents_of(path: str, split: str) -> list[str]:
 
 def run_build(args) -> int:
     from specjax.datastore import Datastore
+    from specjax.files import writable_destination
     from specjax.timing import wall_seconds
 
     check_tokenizer_name(args.tokenizer)
+    writable_destination(args.out)  # a folder or a missing folder: refused before the build
     texts = [document for path in args.files for document in documents_of(path, args.split)]
     if not texts:
         raise CliError(f"no text in {', '.join(args.files)}")

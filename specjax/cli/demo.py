@@ -15,6 +15,7 @@ from specjax.cli.common import (
     num_params,
     painter,
     say,
+    seed_value,
     stream_text,
     use_colour,
 )
@@ -39,7 +40,7 @@ def register(sub) -> None:
                       help="held-out prompts to continue (default: %(default)s)")
     demo.add_argument("--reps", type=int, default=3,
                       help="timed repetitions; medians are reported (default: %(default)s)")
-    demo.add_argument("--seed", type=int, default=0, help="PRNG seed (default: %(default)s)")
+    demo.add_argument("--seed", type=seed_value, default=0, help="PRNG seed (default: %(default)s)")
     add_colour_option(demo)
     demo.set_defaults(handler=run)
 

@@ -18,6 +18,7 @@ from specjax.cli.common import (
     add_self_speculation_options,
     painter,
     say,
+    seed_value,
     stream_text,
     use_colour,
 )
@@ -51,7 +52,7 @@ def register(sub) -> None:
                      help="K, drafts verified per target forward (default: 6; Medusa: its "
                           "number of heads)")
     add_sampling(gen)
-    gen.add_argument("--seed", type=int, default=0, help="PRNG seed (default: %(default)s)")
+    gen.add_argument("--seed", type=seed_value, default=0, help="PRNG seed (default: %(default)s)")
     gen.add_argument("--max-new-tokens", type=int, default=200,
                      help="at most this many new tokens (default: %(default)s)")
     gen.add_argument("--greedy-draft", action="store_true",

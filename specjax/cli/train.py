@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from specjax.cli.common import check_dir, num_params, recorded_options, say
+from specjax.cli.common import check_dir, num_params, recorded_options, say, seed_value
 from specjax.cli.loading import load_model
 
 
@@ -158,7 +158,7 @@ def add_training_options(parser, steps, lr):
         "(default: %(default)s)")
     add("--log-every", type=int, default=25, help="steps between progress lines (the first "
         "and last steps always print; default: %(default)s)")
-    add("--seed", type=int, default=0, help="seed of the initial weights and the batches "
+    add("--seed", type=seed_value, default=0, help="seed of the initial weights and the batches "
         "(default: %(default)s)")
     add("--corpus", default=None, help="a saved corpus directory (default: build one from "
         "this Python's standard library)")

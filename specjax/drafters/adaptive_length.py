@@ -23,14 +23,24 @@ counts, so greedy output and the sampled distribution are the target's.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 from jaxtyping import Float, Int
 
 from specjax.drafters.base import Commit, DraftContext
+
+
+def _finite_real(value) -> bool:
+    """A finite real number: Python's or NumPy's (np.float32 costs from a measurement), not
+    a bool or a string."""
+    return (isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+            and math.isfinite(value))
 
 
 @jax.tree_util.register_dataclass
@@ -120,24 +130,29 @@ class AdaptiveLength:
 
     def _check_costs(self) -> None:
         cost = self.draft_cost
-        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not (
-                0.0 <= cost < float("inf")):
+        if not _finite_real(cost) or cost < 0:
             raise ValueError(f"AdaptiveLength draft_cost must be a finite number >= 0 (a draft "
                              f"forward in one-token target forwards), got {cost!r}")
+        cost = float(cost)  # np.float32(0.1) and 0.1 are one setting (and one compile key)
+        object.__setattr__(self, "draft_cost", cost)
         if self.verify_costs is not None:
-            costs = tuple(self.verify_costs) if not isinstance(self.verify_costs, str) else ()
-            if not costs or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool)
-                    and 0.0 < v < float("inf") for v in costs):
+            given = self.verify_costs
+            costs = () if isinstance(given, (str, bytes)) or np.ndim(given) != 1 else \
+                tuple(np.asarray(given).tolist() if isinstance(given, np.ndarray) else given)
+            if not costs or not all(_finite_real(v) and v > 0 for v in costs):
                 raise ValueError("AdaptiveLength verify_costs must be finite numbers > 0 (a "
                                  "verify of 0, 1, ... drafts in one-token target forwards), "
                                  f"got {self.verify_costs!r}")
             object.__setattr__(self, "verify_costs", tuple(float(v) for v in costs))
-        if not 0.0 <= self.memory < 1.0:
-            raise ValueError(f"AdaptiveLength memory must be in [0, 1), got {self.memory!r}")
-        if not 0.0 < self.prior_acceptance <= 1.0:
-            raise ValueError("AdaptiveLength prior_acceptance must be in (0, 1], got "
-                             f"{self.prior_acceptance!r}")
+        for name, low, high, shown in (("memory", 0.0, 1.0, "[0, 1)"),
+                                       ("prior_acceptance", 0.0, 1.0, "(0, 1]")):
+            value = getattr(self, name)
+            inside = _finite_real(value) and (
+                low <= value < high if name == "memory" else low < value <= high)
+            if not inside:
+                raise ValueError(f"AdaptiveLength {name} must be a number in {shown}, got "
+                                 f"{value!r}")
+            object.__setattr__(self, name, float(value))
         if self.schedule == "heuristic" and (cost or self.verify_costs is not None):
             raise ValueError("draft_cost and verify_costs are the expected_speed schedule's; "
                              "pass schedule='expected_speed'")

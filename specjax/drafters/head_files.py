@@ -37,6 +37,7 @@ def save_head(directory: str | Path, kind: str, config: dict, params: dict) -> N
     """`head.npz` (the parameters) then `head.json` ({"kind", "config"}) in `directory`,
     each written atomically (a killed save leaves the previous head or none)."""
     directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     save_npz_atomically(directory / "head.npz", **_weights_dict(params))
     write_json_atomically(directory / "head.json", {"kind": kind, "config": config})
 

@@ -59,6 +59,8 @@ def own_text_matches(sequence_BS: Array, lengths_B: Array, max_query: int, min_m
     match_B = jnp.where(match_B >= min_match, match_B, 0).astype(jnp.int32)
     recent_BS = jnp.where((length_BS == match_B[:, None]) & (match_B[:, None] > 0),
                           end_S[None, :], -1)
+    if num_samples > slots:  # a short request has fewer earlier occurrences than samples
+        recent_BS = jnp.pad(recent_BS, ((0, 0), (0, num_samples - slots)), constant_values=-1)
     end_BC, _ = jax.lax.top_k(recent_BS, num_samples)  # the most recent first
     index_BCD = end_BC[:, :, None] + 1 + jnp.arange(depth, dtype=jnp.int32)[None, None, :]
     tokens_BCD = jnp.take_along_axis(

@@ -33,6 +33,7 @@ from jax import Array
 
 from specjax.causal_lm import CausalLM, full_logits
 from specjax.drafters.draft_model import DraftModel
+from specjax.inputs import pack_prompts
 from specjax.speculative_loop import SpeculativeOutput, speculative_generate
 from specjax.training.config import DIVERGENCES
 from specjax.training.losses import divergence_per_position
@@ -78,7 +79,12 @@ class OnlineConfig:
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got "
                              f"{self.divergence!r}")
-        object.__setattr__(self, "frozen", tuple(self.frozen))
+        # One group may be given by its name: "embed", not the letters of "embed".
+        frozen = (self.frozen,) if isinstance(self.frozen, str) else tuple(self.frozen)
+        if not all(isinstance(name, str) for name in frozen):
+            raise ValueError(f"frozen must be parameter group names (strings), got "
+                             f"{self.frozen!r}")
+        object.__setattr__(self, "frozen", frozen)
 
 
 class OnlineDistiller:
@@ -124,10 +130,21 @@ class OnlineDistiller:
         """Keep each prompt with its generated tokens (ragged token id lists)."""
         if len(prompts) != len(generated):
             raise ValueError(f"{len(prompts)} prompts but {len(generated)} generated texts")
-        for prompt, new in zip(prompts, generated, strict=True):
-            text = np.asarray(list(prompt) + list(new), np.int32)
-            if len(new) and len(text) >= 2:
-                self._texts.append((text, len(prompt)))
+        vocab_size = self.target.vocab_size
+        texts = []
+        for row, (prompt, new) in enumerate(zip(prompts, generated, strict=True)):
+            text = np.asarray(list(prompt) + list(new))
+            if text.size and (text.ndim != 1 or not np.issubdtype(text.dtype, np.integer)):
+                raise ValueError(f"row {row}: prompts and generated texts must be flat "
+                                 "sequences of integer token ids")
+            if text.size and (text.min() < 0 or text.max() >= vocab_size):
+                bad = text[(text < 0) | (text >= vocab_size)][0]
+                raise ValueError(f"row {row} holds token id {bad}, outside the target's "
+                                 f"vocabulary [0, {vocab_size}); the draft would train on it")
+            texts.append((text.astype(np.int32), len(prompt), len(new)))
+        for text, prompt_length, new_length in texts:  # all checked before any is kept
+            if new_length and len(text) >= 2:
+                self._texts.append((text, prompt_length))
 
     def observe_output(self, prompts, out: SpeculativeOutput) -> None:
         """`observe` with a decoder's output (`tokens`, `lengths`)."""
@@ -155,7 +172,10 @@ class OnlineDistiller:
         """`speculative_generate(target, drafter, prompts, **kwargs)`, then `observe` its
         texts and `update`: the next call drafts with the updated draft."""
         out = speculative_generate(self.target, self.drafter, prompts, **kwargs)
-        self.observe_output(prompts, out)
+        # Each row's own prompt: an array of prompts is right-padded to its widest row.
+        batch = pack_prompts(prompts, kwargs.get("prompt_lengths"), self.target.vocab_size)
+        self.observe_output([batch.tokens[b, :batch.lengths[b]] for b in range(batch.batch)],
+                            out)
         self.update()
         return out
 
