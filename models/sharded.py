@@ -86,6 +86,12 @@ class _ShardedInitCache:
         positions = constrain(cache.positions, ("batch", "cache_slots"), "the cache positions")
         return type(cache)(keys, values, positions)
 
+    def place_like(self, lm: specjax.CausalLM) -> specjax.CausalLM:
+        """Another model (a draft) placed by this model's mesh and rules: what
+        `specjax.sharding.place_like_target` calls, so a draft that was never sharded
+        follows its target's layout."""
+        return shard(lm, self.mesh, self.rules)
+
 
 def shard(lm: specjax.CausalLM, mesh: Mesh, rules: ShardingRules) -> specjax.CausalLM:
     """`lm` (a CausalLM of a `specjax_models.Transformer`) with its parameters placed on

@@ -65,8 +65,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         mode = destination.stat().st_mode & 0o7777
     except FileNotFoundError:
         mode = _creation_mode()
+    # The destination's suffix too: a writer given the temporary path (np.save) keeps it.
     handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.tmp-",
-                                         dir=destination.parent)
+                                         dir=destination.parent, suffix=destination.suffix)
     os.close(handle)
     temporary = Path(temporary)
     try:

@@ -127,6 +127,42 @@ def model_placement(lm) -> tuple[Mesh, ShardingRules] | None:
     return None
 
 
+# Drafts placed on a target's mesh, by (draft, target placement): a decode call with the
+# same draft and target finds its placed copy instead of moving the weights again. A
+# handful at most (a notebook compares a few drafts); the oldest is dropped.
+_PLACED_DRAFTS: dict[tuple[int, int], tuple] = {}
+_PLACED_LIMIT = 8
+
+
+def place_like_target(draft, target):
+    """`draft` (a CausalLM) with its parameters split over the target's mesh by the
+    target's rules, when the target is placed, the draft is not, and the model package
+    that placed the target can place the draft (its cache factory's `place_like`); else
+    `draft` as it is. A draft replicated on a model-parallel mesh drafts every row on every
+    device and keeps every row's cache there (6.8 GB against 1.5 GB split, 8,000 rows on 8
+    devices). A draft whose dimensions do not divide the mesh stays replicated (exact
+    either way: placement changes where the arithmetic runs, not what it computes)."""
+    placement = model_placement(target)
+    if placement is None or model_placement(draft) is not None:
+        return draft
+    place = getattr(target.init_cache_fn, "place_like", None)
+    if place is None:
+        return draft
+    key = (id(draft), id(target.init_cache_fn))
+    found = _PLACED_DRAFTS.get(key)
+    if found is not None and found[0] is draft and found[1] is target.init_cache_fn:
+        return found[2]
+    try:
+        placed = place(draft)
+    except (TypeError, ValueError):  # not a model it knows, or heads that do not divide
+        placed = draft
+    if len(_PLACED_DRAFTS) >= _PLACED_LIMIT:
+        _PLACED_DRAFTS.pop(next(iter(_PLACED_DRAFTS)))
+    # The originals are held with the copy, so their ids cannot be reused by new objects.
+    _PLACED_DRAFTS[key] = (draft, target.init_cache_fn, placed)
+    return placed
+
+
 def pin_rows(tree, lm, batch: int):
     """Inside jit: the per-row arrays of a decode state (rank 1 or 2, leading axis `batch`)
     laid out explicitly by the rows' rule (split over the rules' batch axis when it

@@ -210,6 +210,8 @@ def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens:
     config = speculative_config(num_draft_tokens, sampling, tree, draft)
     tree = config.tree
     drafter = as_drafter(draft)
+    if hasattr(drafter, "placed_like"):  # a draft model follows its target onto a mesh
+        drafter = drafter.placed_like(target)
     check_tree_support(target, drafter, tree)
     batch, capacity, eos_ids = prepare_batch(target, prompts, prompt_lengths, max_new_tokens,
                                              sampling, eos_id,

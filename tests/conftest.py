@@ -124,14 +124,26 @@ def chat_work(tiny_lm, tmp_path_factory):
     return directory
 
 
+# A folder for the run's compiled programs that outlives one pytest command: `.ci/run` sets
+# it so the slow set loads what the unit suite compiled (the exactness registry's decoders,
+# the bundled pair's) instead of compiling it again.
+TEST_CACHE_VAR = "SPECJAX_TEST_COMPILATION_CACHE"
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _session_compilation_cache(tmp_path_factory):
-    """One persistent compilation cache per test process: a decoder that several test
-    modules compile (compiled programs are dropped after each module, see below) is
-    loaded from disk after the first. The command line's runs in subprocesses share it
-    (the CLI keeps compiled programs on disk by default); the user's own cache folder is
-    left alone, unless they chose one."""
-    folder = tmp_path_factory.getbasetemp() / "jax-compilation-cache"
+    """One persistent compilation cache per test run, shared by its xdist workers: a
+    decoder that several test modules compile (compiled programs are dropped after each
+    module, see below), in either worker, is loaded from disk after the first. The command
+    line's runs in subprocesses share it (the CLI keeps compiled programs on disk by
+    default); the user's own cache folder is left alone, unless they chose one. (An entry
+    that one worker reads while another is still writing it fails to load: JAX warns and
+    compiles, and `repair_damaged_entries` lets the program be written again.)"""
+    chosen = os.environ.get(TEST_CACHE_VAR)
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    folder = Path(chosen) if chosen else base / "jax-compilation-cache"
     os.environ.setdefault("SPECJAX_COMPILATION_CACHE", str(folder))
     specjax.enable_compilation_cache(folder, min_compile_secs=0.1)
 

@@ -174,6 +174,21 @@ SCRIPT = textwrap.dedent("""
             padded[f"{spec} {rows} stream rows"] = all(len(c.tokens) == rows
                                                        for c in streamed)
     results["padded"] = padded
+    # A draft model that was never sharded follows its target's rules: its weights split
+    # where they divide, its cache split by rows (data) or by heads (model), not a whole
+    # copy of every row's cache on every device.
+    placed_drafts = {}
+    for spec, rules in (("data=8", DATA_PARALLEL), ("model=8", TENSOR_PARALLEL)):
+        sharded = specjax_models.shard(lm, mesh_from_spec(spec), rules)
+        state, drafter = init_speculative_state(sharded, specjax.DraftModel(draft), prompts,
+                                                max_new_tokens=8, num_draft_tokens=3,
+                                                sampling=specjax.GREEDY)
+        keys = state.drafter_state.cache.keys[0]
+        placed_drafts[spec] = [
+            list(drafter.lm.params["layers"][0]["attention"]["q_proj"]["kernel"][...]
+                 .sharding.spec),
+            list(keys.shape), list(keys.addressable_shards[0].data.shape)]
+    results["placed drafts"] = placed_drafts
     # A GGUF file loaded straight onto a 4x2 mesh (tensor by tensor) and by one device.
     from test_gguf import TINY, write_gguf
     gguf_lm = build_lm(3, **TINY)
@@ -347,3 +362,11 @@ def test_shard_refuses_what_is_not_a_transformer():
     with pytest.raises(TypeError, match="CausalLM of a specjax_models.Transformer"):
         specjax_models.shard(specjax.testing.plus_one_lm(), mesh_from_spec("model=1"),
                              TENSOR_PARALLEL)
+
+
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+def test_a_draft_that_was_never_sharded_follows_its_targets_rules(on_eight_devices):
+    placed = on_eight_devices["placed drafts"]
+    # [B 8, KV heads 8, slots, head dim 8]: one row per device, or one head per device
+    assert placed["data=8"][0] == [None, None] and placed["data=8"][2][:2] == [1, 8]
+    assert placed["model=8"][0] == [None, "model"] and placed["model=8"][2][:2] == [8, 1]

@@ -56,8 +56,8 @@ class Corpus:
     def save(self, directory: Path) -> None:
         directory = Path(directory)
         for name, stream in (("train.npy", self.train), ("heldout.npy", self.heldout)):
-            with atomic_path(directory / name) as temporary:
-                np.save(temporary, stream)
+            with atomic_path(directory / name) as temporary, open(temporary, "wb") as handle:
+                np.save(handle, stream)
         write_json_atomically(directory / "manifest.json", self.manifest)  # last: complete
 
     @classmethod

@@ -42,6 +42,7 @@ from specjax.sampling import (
     sampling_params,
     tree_scores,
 )
+from specjax.sharding import place_like_target
 from specjax.trees import DynamicTree, TreeShape, ancestor_mask
 
 DRAFT_METHODS = ("sample", "greedy")
@@ -168,6 +169,12 @@ class DraftModel:
         check_min_confidence(self.min_confidence)
         if isinstance(self.draft_vocab, (list, tuple, np.ndarray)):  # one leaf, not many
             object.__setattr__(self, "draft_vocab", jnp.asarray(self.draft_vocab, jnp.int32))
+
+    def placed_like(self, target: CausalLM) -> DraftModel:
+        """This drafter with its draft split over the target's mesh by the target's rules
+        (`specjax.sharding.place_like_target`); itself on one device."""
+        lm = place_like_target(self.lm, target)
+        return self if lm is self.lm else dataclasses.replace(self, lm=lm)
 
     # -- host-side checks ----------------------------------------------------------------
     def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
