@@ -132,12 +132,12 @@ def test_a_step_verifies_only_the_nodes_the_rows_offer(tiny_lm):
 def test_more_samples_than_the_request_has_tokens_drafts_what_there_is():
     rows = [[1, 2, 3, 1, 2], [4, 5]]
     context = _context(rows, capacity=6)
-    tokens, lengths, match = own_text_matches(context.sequence, context.lengths, 4, 1, 300, 3)
-    assert tokens.shape == (2, 300, 3) and match.tolist() == [2, 0]
+    tokens, lengths, match = own_text_matches(context.sequence, context.lengths, 4, 1, 8, 3)
+    assert tokens.shape == (2, 8, 3) and match.tolist() == [2, 0]  # 8 samples, 6 slots
     assert [tokens[0, 0, :lengths[0, 0]].tolist()] == [[3, 1, 2]]
     assert int(jnp.sum(lengths > 0)) == 1
-    # The drafter itself (the datastore's samples and the row's own, both 300) on a
-    # 6-slot request: JAX's top_k refused k > 6 here before.
-    trees, _ = _tree(Retrieval(STORE, samples=300, max_nodes=4, depth=3, min_match=1),
+    # The drafter itself (the datastore's samples and the row's own, 8 each) on a 6-slot
+    # request: JAX's top_k refused k > 6 here before.
+    trees, _ = _tree(Retrieval(STORE, samples=8, max_nodes=4, depth=3, min_match=1),
                      rows, vocab=10, capacity=6)
     assert trees[0] and trees[1] == []
