@@ -17,7 +17,8 @@ from jax import Array
 
 from specjax.causal_lm import CausalLM
 from specjax.distributed import fetch
-from specjax.sampling import SamplingConfig, distinct_configs, row_configs
+from specjax.sampling import SamplingConfig, SamplingParams, distinct_configs, row_configs
+from specjax.sharding import model_placement
 
 MIN_PROMPT_BUCKET = 32
 # Prompt slots past a row's length hold this id: every vocabulary has it, so the padded
@@ -56,8 +57,6 @@ def data_parallel_rows(lm: CausalLM) -> int:
     """How many devices split a batch's rows: the size of the mesh axis that the model's
     sharding rules map rows to (1 on one device or without a batch rule). The KV cache's
     batch dimension must divide by it."""
-    from specjax.sharding import model_placement
-
     placement = model_placement(lm)
     if placement is None or placement[1].batch is None:
         return 1
@@ -92,7 +91,7 @@ def settings_for_padded_rows(lm: CausalLM, prompts, sampling):
     rows = count_rows(prompts)
     if rows is None or rows == 0:
         return sampling
-    if not isinstance(sampling, SamplingConfig) and not hasattr(sampling, "temperature"):
+    if not isinstance(sampling, (SamplingConfig, SamplingParams)):
         configs = row_configs(sampling, rows)
         padding = padded_rows(lm, rows) - rows
         if padding:

@@ -178,10 +178,11 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
     settings too (`specjax.inputs.settings_for_padded_rows(target, prompts, sampling)`),
     and the caller reads its first B rows.
     """
-    return _init_speculative_state(
+    state, drafter, _ = _init_speculative_state(
         target, draft, prompts, max_new_tokens=max_new_tokens,
         num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
         prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree)
+    return state, drafter
 
 
 # What `_init_speculative_state` has compiled in the background before: (program, config,
@@ -201,11 +202,12 @@ def _signature(program, config, args: tuple, static: dict) -> tuple:
 def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: int,
                             num_draft_tokens, sampling, key, eos_id, prompt_lengths,
                             cache_size, tree, next_program=None
-                            ) -> tuple[SpeculativeState, Any]:
-    """`init_speculative_state`; with `next_program=(program, config)` (`_speculative_loop`
-    or `step.compiled_step`, and its `SpeculativeConfig`), the program that will take the
-    state is lowered and compiled in a background thread while the prefill compiles and
-    runs (`specjax.background_compile`), the first time these shapes come."""
+                            ) -> tuple[SpeculativeState, Any, SpeculativeConfig]:
+    """`init_speculative_state`, plus the step's config (its per-row sampling settings
+    padded for a mesh's padding rows); with `next_program` (`_speculative_loop` or
+    `step.compiled_step`), the program that will take the state under that config is
+    lowered and compiled in a background thread while the prefill compiles and runs
+    (`specjax.background_compile`), the first time these shapes come."""
     sampling = settings_for_padded_rows(target, prompts, sampling)
     config = speculative_config(num_draft_tokens, sampling, tree, draft)
     tree = config.tree
@@ -226,11 +228,11 @@ def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens:
                           drafter_type=drafter_key(drafter))
     compile_next = None
     if next_program is not None:
-        program, step_config = next_program
+        program = next_program
         # Keyed as the program is compiled: by the sampling values' compile key, so a new
         # temperature, top-k or top-p finds its program compiled.
-        params = sampling_params(step_config.sampling, len(batch.lengths))
-        step_key = compile_key(step_config, params)
+        params = sampling_params(config.sampling, len(batch.lengths))
+        step_key = compile_key(config, params)
         signature = _signature(program, step_key, prefill_args, prefill_static)
         if signature not in _COMPILED_NEXT:
             # The prefill's trace, shared with its call below: only the shapes are needed.
@@ -241,7 +243,7 @@ def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens:
                               drafter_type=drafter_key(drafter)).compile()
                 _COMPILED_NEXT.add(signature)
     state = while_compiling(compile_next, lambda: _init_state(*prefill_args, **prefill_static))
-    return state, drafter
+    return state, drafter, config
 
 
 
@@ -276,15 +278,12 @@ def start_decoding(target: CausalLM, draft, prompts, *, max_new_tokens: int,
     `program` (`_speculative_loop` or `step.compiled_step`): the jitted program the
     caller runs next, as `program(target, drafter, state, compile_key(config, params),
     params, drafter_type=...)`; it is compiled while the prefill runs."""
-    config = speculative_config(num_draft_tokens,
-                                settings_for_padded_rows(target, prompts, sampling), tree,
-                                draft)
     pad_id = check_pad_id(pad_id)
-    state, drafter = _init_speculative_state(
+    state, drafter, config = _init_speculative_state(
         target, draft, prompts, max_new_tokens=max_new_tokens,
-        num_draft_tokens=config.num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
-        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=config.tree,
-        next_program=None if program is None else (program, config))
+        num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
+        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree,
+        next_program=program)
     return config, pad_id, state, drafter
 
 
