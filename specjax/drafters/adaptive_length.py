@@ -144,15 +144,15 @@ class AdaptiveLength:
                                  "verify of 0, 1, ... drafts in one-token target forwards), "
                                  f"got {self.verify_costs!r}")
             object.__setattr__(self, "verify_costs", tuple(float(v) for v in costs))
-        for name, low, high, shown in (("memory", 0.0, 1.0, "[0, 1)"),
-                                       ("prior_acceptance", 0.0, 1.0, "(0, 1]")):
-            value = getattr(self, name)
-            inside = _finite_real(value) and (
-                low <= value < high if name == "memory" else low < value <= high)
-            if not inside:
-                raise ValueError(f"AdaptiveLength {name} must be a number in {shown}, got "
-                                 f"{value!r}")
-            object.__setattr__(self, name, float(value))
+        memory, prior = self.memory, self.prior_acceptance
+        if not (_finite_real(memory) and 0.0 <= memory < 1.0):
+            raise ValueError(f"AdaptiveLength memory must be a number in [0, 1), got "
+                             f"{memory!r}")
+        if not (_finite_real(prior) and 0.0 < prior <= 1.0):
+            raise ValueError(f"AdaptiveLength prior_acceptance must be a number in (0, 1], "
+                             f"got {prior!r}")
+        object.__setattr__(self, "memory", float(memory))
+        object.__setattr__(self, "prior_acceptance", float(prior))
         if self.schedule == "heuristic" and (cost or self.verify_costs is not None):
             raise ValueError("draft_cost and verify_costs are the expected_speed schedule's; "
                              "pass schedule='expected_speed'")
