@@ -60,32 +60,35 @@ _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 def rope_from_hf(hf: dict) -> tuple[float, tuple | None]:
     """`(rope_theta, rope_scaling tuple or None)` of a Hugging Face config; a missing,
     null or non-numeric rope field is a ValueError that names it."""
-    try:
-        return _rope_from_hf(hf)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        if isinstance(error, ValueError) and "rope scaling type" in str(error):
-            raise
-        detail = f"{error.args[0]!r} is missing" if isinstance(error, KeyError) else error
-        raise ValueError(f"the config's rope settings (rope_theta, rope_scaling / "
-                         f"rope_parameters) are not usable: {detail}") from None
-
-
-def _rope_from_hf(hf: dict) -> tuple[float, tuple | None]:
-    params = dict(hf.get("rope_parameters") or {})
-    scaling = hf.get("rope_scaling") or {}
-    theta = float(hf.get("rope_theta") or params.get("rope_theta") or 10_000.0)
+    params, scaling = hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}
+    for name, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if not isinstance(value, dict):
+            raise ValueError(f"the config's {name} is {value!r}, expected an object")
+    theta = _rope_number({"rope_theta": hf.get("rope_theta") or params.get("rope_theta")
+                          or 10_000.0}, "rope_theta")
     spec = scaling or params
     kind = spec.get("rope_type", spec.get("type", "default")) if spec else "default"
     if kind in ("default", None):
         return theta, None
     if kind == "llama3":
-        return theta, ("llama3", float(spec["factor"]), float(spec["low_freq_factor"]),
-                       float(spec["high_freq_factor"]),
-                       int(spec["original_max_position_embeddings"]))
+        return theta, ("llama3", _rope_number(spec, "factor"),
+                       _rope_number(spec, "low_freq_factor"),
+                       _rope_number(spec, "high_freq_factor"),
+                       int(_rope_number(spec, "original_max_position_embeddings")))
     if kind == "linear":
-        return theta, ("linear", float(spec["factor"]))
+        return theta, ("linear", _rope_number(spec, "factor"))
     raise ValueError(f"rope scaling type {kind!r} is not supported (supported: default, "
                      "llama3, linear)")
+
+
+def _rope_number(spec: dict, name: str) -> float:
+    """spec[name] as a float, or a ValueError naming the rope field that is missing or not
+    a number."""
+    value = spec.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        said = "missing" if value is None else f"{value!r}, not a number"
+        raise ValueError(f"the config's rope settings: {name} is {said}")
+    return float(value)
 
 
 def _sliding_layers(hf: dict, num_layers: int) -> str:
