@@ -210,3 +210,18 @@ def test_numpy_costs_and_settings_are_the_same_settings_as_python_numbers():
     assert all(type(v) is float for v in measured.verify_costs)
     assert (measured.memory, measured.prior_acceptance) == (0.8, 0.5)
     hash(measured)  # static fields: hashable, as a compile key needs
+
+
+def test_the_wrapped_drafter_is_placed_as_its_target():
+    """`placed_like` (a draft model following its target onto a mesh) reaches the drafter
+    AdaptiveLength wraps; one without it is kept as it is."""
+
+    class Placeable(PromptLookup):
+        def placed_like(self, target):
+            return dataclasses.replace(self, max_ngram_size=5)
+
+    wrapped = expected_speed(Placeable(), draft_cost=0.1)
+    placed = wrapped.placed_like(target=None)
+    assert placed.drafter.max_ngram_size == 5 and placed.draft_cost == 0.1
+    plain = expected_speed(PromptLookup())
+    assert plain.placed_like(target=None) is plain

@@ -157,6 +157,13 @@ class AdaptiveLength:
             raise ValueError("draft_cost and verify_costs are the expected_speed schedule's; "
                              "pass schedule='expected_speed'")
 
+    def placed_like(self, target) -> AdaptiveLength:
+        """The wrapped drafter placed on the target's mesh where it can be (a draft model:
+        `DraftModel.placed_like`); the schedule is unchanged."""
+        place = getattr(self.drafter, "placed_like", None)
+        placed = self.drafter if place is None else place(target)
+        return self if placed is self.drafter else dataclasses.replace(self, drafter=placed)
+
     # What the step reads about a drafter is the wrapped one's.
     @property
     def reads_target_features(self) -> bool:
