@@ -55,6 +55,7 @@ class Corpus:
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)  # the corpus is a folder it makes
         for name, stream in (("train.npy", self.train), ("heldout.npy", self.heldout)):
             with atomic_path(directory / name) as temporary, open(temporary, "wb") as handle:
                 np.save(handle, stream)
