@@ -175,6 +175,7 @@ def run(args) -> int:
 
     head_config = HeadTrainConfig(method=args.method, unroll=args.unroll)
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)  # the drafter's folder: data.npz goes first
     say("loading the target...")
     target = load_model(args.target, "target")
     target_config = (specjax_models.load_config(args.target) if args.target
