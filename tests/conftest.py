@@ -43,8 +43,8 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
-import specjax
-import specjax_models
+import specjax  # noqa: E402
+import specjax_models  # noqa: E402
 
 # Implicit rank promotion hides shape bugs; every test runs with it refused.
 jax.config.update("jax_numpy_rank_promotion", "raise")
