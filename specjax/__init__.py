@@ -50,8 +50,10 @@ _SOURCES = {
     "DynamicTree": "specjax.trees",
     "TreeBudget": "specjax.trees",
     "TreeShape": "specjax.trees",
+    "TypicalAcceptance": "specjax.typical_acceptance",
 }
-_MODULES = ("analysis", "datastore", "distributed", "drafters", "layer_search", "sharding")
+_MODULES = ("analysis", "datastore", "distributed", "drafters", "layer_search", "sharding",
+            "verification")
 
 __all__ = [
     "GREEDY",
@@ -76,6 +78,7 @@ __all__ = [
     "StreamChunk",
     "TreeBudget",
     "TreeShape",
+    "TypicalAcceptance",
     "analysis",
     "datastore",
     "decode_step",
@@ -93,6 +96,7 @@ __all__ = [
     "speculative_generate",
     "speculative_step",
     "speculative_stream",
+    "verification",
     "warp_logits",
 ]
 
@@ -101,7 +105,15 @@ __getattr__, __dir__ = lazy_attributes(__name__, _SOURCES, globals())
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
-    from specjax import analysis, datastore, distributed, drafters, layer_search
+    from specjax import (
+        analysis,
+        datastore,
+        distributed,
+        drafters,
+        layer_search,
+        sharding,
+        verification,
+    )
     from specjax.autoregressive import DecodeState, GenerateOutput, decode_step, generate
     from specjax.causal_lm import CausalLM
     from specjax.compilation_cache import enable_compilation_cache
@@ -133,3 +145,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from specjax.step import SpeculativeConfig, SpeculativeState, jitted_step, speculative_step
     from specjax.streaming import StreamChunk, speculative_stream
     from specjax.trees import DynamicTree, TreeBudget, TreeShape
+    from specjax.typical_acceptance import TypicalAcceptance

@@ -5,6 +5,10 @@ tokens per target forward is tau = (1 - alpha^(K+1)) / (1 - alpha) (K+1 when alp
 If a draft step costs c target steps and a (K+1)-token verify forward costs v target
 steps (v ~ 1 when decoding is memory-bound), the ideal speedup over plain decoding is
 tau / (K c + v).
+
+Block verification keeps more than the token rule from the same drafts: its
+per-position rates come from `block_acceptance_by_position(p, q, K)` (exact for i.i.d.
+drafts), and tau = 1 + their sum.
 """
 
 from __future__ import annotations
@@ -41,6 +45,55 @@ def expected_acceptance_rate(p, q) -> float:
     if p.shape != q.shape:
         raise ValueError(f"p and q must have the same shape, got {p.shape} and {q.shape}")
     return float(np.minimum(p, q).sum(-1)) if p.ndim == 1 else np.minimum(p, q).sum(-1)
+
+
+def block_acceptance_by_position(p, q, num_draft_tokens: int, *,
+                                 max_states: int = 200_000) -> np.ndarray:
+    """P(a step keeps at least j drafts), j = 1..K, under block verification
+    (specjax.block_verification) in the i.i.d. model: every draft drawn from q, the
+    target's distribution p at every position. Exact, by dynamic programming over the
+    distinct values of the running weight w_j = min(1, w_{j-1} p(x_j) / q(x_j)); their
+    number grows with K and the vocabulary, and more than `max_states` is refused. The
+    token rule's counterpart is alpha^j with alpha = `expected_acceptance_rate(p, q)`;
+    for a deterministic draft, pass q one-hot at its token."""
+    p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+    if p.ndim != 1 or p.shape != q.shape:
+        raise ValueError(f"p and q must be 1-D distributions of the same size, got shapes "
+                         f"{p.shape} and {q.shape}")
+    for name, dist in (("p", p), ("q", q)):
+        if np.any(~np.isfinite(dist)) or np.any(dist < 0) or abs(dist.sum() - 1) > 1e-6:
+            raise ValueError(f"{name} must be a probability distribution (non-negative, "
+                             f"summing to 1), got {dist}")
+    k = int(_check_k(num_draft_tokens))
+    drawn = np.flatnonzero(q > 0)
+    ratio, q_drawn = p[drawn] / q[drawn], q[drawn]
+
+    def keep(w: float) -> float:  # h(w): the probability that a prefix of weight w is kept
+        residual = np.maximum(w * p - q, 0.0).sum()
+        return 1.0 if residual + 1.0 - w <= 0 else residual / (residual + 1.0 - w)
+
+    # Forward: the distribution of w_j (values rounded to merge equal products).
+    layers = [{1.0: 1.0}]
+    for _ in range(k):
+        nxt: dict = {}
+        for w, mass in layers[-1].items():
+            for r, qx in zip(ratio, q_drawn, strict=True):
+                key = round(min(1.0, w * r), 12)
+                nxt[key] = nxt.get(key, 0.0) + mass * qx
+        if len(nxt) > max_states:
+            raise ValueError(f"block_acceptance_by_position: more than {max_states} distinct "
+                             f"weights by draft {len(layers)}; pass a smaller K or vocabulary "
+                             "(or raise max_states)")
+        layers.append(nxt)
+    # Backward: none_after[j](w) = P(no prefix j..K is kept | w_j = w).
+    none_after = [None] * (k + 1)
+    none_after[k] = {w: 1.0 - w for w in layers[k]}
+    for j in range(k - 1, 0, -1):
+        none_after[j] = {w: (1.0 - keep(w)) * sum(
+            qx * none_after[j + 1][round(min(1.0, w * r), 12)]
+            for r, qx in zip(ratio, q_drawn, strict=True)) for w in layers[j]}
+    return np.array([1.0 - sum(mass * none_after[j][w] for w, mass in layers[j].items())
+                     for j in range(1, k + 1)])
 
 
 def ideal_speedup(alpha, num_draft_tokens, cost_ratio, verify_cost_ratio=1.0):

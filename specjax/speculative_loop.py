@@ -43,6 +43,7 @@ from specjax.step import (
     speculative_step,
 )
 from specjax.trees import DynamicTree, TreeBudget, TreeShape
+from specjax.verification import Verification, verification_name
 
 
 def as_drafter(draft):
@@ -107,7 +108,8 @@ def drafters_tree(draft, tree):
 
 def speculative_config(num_draft_tokens: int | None, sampling,
                        tree: TreeShape | DynamicTree | TreeBudget | None,
-                       draft=None) -> SpeculativeConfig:
+                       draft=None, verification: Verification | None = None
+                       ) -> SpeculativeConfig:
     """The step's config; with a tree, num_draft_tokens defaults to its nodes; a drafter
     with its own tree (`proposal_tree`) brings it."""
     tree = drafters_tree(draft, tree)
@@ -116,7 +118,8 @@ def speculative_config(num_draft_tokens: int | None, sampling,
             raise TypeError("num_draft_tokens is required (or pass tree=TreeShape(...) or "
                             "DynamicTree(...))")
         num_draft_tokens = tree.num_nodes
-    return SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling, tree=tree)
+    return SpeculativeConfig(num_draft_tokens=num_draft_tokens, sampling=sampling, tree=tree,
+                             verification=verification)
 
 
 def check_tree_support(target: CausalLM, drafter,
@@ -157,7 +160,8 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
                            key: Array | None = None,
                            eos_id: int | Sequence[int] | None = None,
                            prompt_lengths=None, cache_size: int | None = None,
-                           tree: TreeShape | DynamicTree | None = None
+                           tree: TreeShape | DynamicTree | None = None,
+                           verification: Verification | None = None
                            ) -> tuple[SpeculativeState, Any]:
     """Validate the inputs on the host, then prefill target and drafter.
 
@@ -169,8 +173,9 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
     `tree` (a `specjax.trees.TreeShape`) makes every step draft and verify that tree of
     N = tree.num_nodes nodes instead of a chain of K = num_draft_tokens; a
     `specjax.trees.DynamicTree` makes the drafter grow its own tree of N nodes per row.
+    `verification` is checked against the proposal shape here (see `speculative_generate`).
     Returns `(state, drafter)`; pass both to `speculative_step` with
-    `SpeculativeConfig(num_draft_tokens=..., sampling=..., tree=...)`.
+    `SpeculativeConfig(num_draft_tokens=..., sampling=..., tree=..., verification=...)`.
 
     On a data-parallel mesh whose data axis does not divide the batch, the state holds
     padding rows after the caller's (copies of the last prompt, done from the start) up to
@@ -181,7 +186,8 @@ def init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: 
     state, drafter, _ = _init_speculative_state(
         target, draft, prompts, max_new_tokens=max_new_tokens,
         num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
-        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree)
+        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree,
+        verification=verification)
     return state, drafter
 
 
@@ -201,7 +207,7 @@ def _signature(program, config, args: tuple, static: dict) -> tuple:
 
 def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: int,
                             num_draft_tokens, sampling, key, eos_id, prompt_lengths,
-                            cache_size, tree, next_program=None
+                            cache_size, tree, verification=None, next_program=None
                             ) -> tuple[SpeculativeState, Any, SpeculativeConfig]:
     """`init_speculative_state`, plus the step's config (its per-row sampling settings
     padded for a mesh's padding rows); with `next_program` (`_speculative_loop` or
@@ -209,7 +215,7 @@ def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens:
     lowered and compiled in a background thread while the prefill compiles and runs
     (`specjax.background_compile`), the first time these shapes come."""
     sampling = settings_for_padded_rows(target, prompts, sampling)
-    config = speculative_config(num_draft_tokens, sampling, tree, draft)
+    config = speculative_config(num_draft_tokens, sampling, tree, draft, verification)
     tree = config.tree
     drafter = as_drafter(draft)
     if hasattr(drafter, "placed_like"):  # a draft model follows its target onto a mesh
@@ -271,7 +277,7 @@ def _generated_tokens(state: SpeculativeState, pad_id: Array) -> Array:
 
 def start_decoding(target: CausalLM, draft, prompts, *, max_new_tokens: int,
                    num_draft_tokens, sampling, key, eos_id, prompt_lengths, pad_id,
-                   cache_size, tree, program=None):
+                   cache_size, tree, verification=None, program=None):
     """What `speculative_generate` and `speculative_stream` do before their first step:
     `(config, pad_id, state, drafter)`, every input checked and both models prefilled.
 
@@ -283,7 +289,7 @@ def start_decoding(target: CausalLM, draft, prompts, *, max_new_tokens: int,
         target, draft, prompts, max_new_tokens=max_new_tokens,
         num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
         prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree,
-        next_program=program)
+        verification=verification, next_program=program)
     return config, pad_id, state, drafter
 
 
@@ -305,7 +311,8 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
                          eos_id: int | Sequence[int] | None = None,
                          prompt_lengths=None, pad_id: int = 0,
                          cache_size: int | None = None,
-                         tree: TreeShape | DynamicTree | None = None) -> SpeculativeOutput:
+                         tree: TreeShape | DynamicTree | None = None,
+                         verification: Verification | None = None) -> SpeculativeOutput:
     """Speculative decoding of a batch of prompts in one jit and one `lax.while_loop`.
 
     Args:
@@ -323,6 +330,12 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
         or a `specjax.trees.DynamicTree(num_nodes, max_depth, top_k)`: each step the
         drafter grows an EAGLE-2 tree of that budget per row. The drafter must draft
         trees (`DraftModel` does both).
+      verification: the rule that decides what each step keeps (`specjax.verification`):
+        "block" (block verification, chains only), "token" (token-level rejection
+        sampling: the rule of earlier releases, to reproduce an older seeded run), or
+        `specjax.TypicalAcceptance(epsilon, delta)`, which is NOT exact. None (default):
+        the exact rule that accepts the most for the shape, "block" for a chain and
+        "token" for a tree. Greedy rows give the same tokens under every rule.
 
     Returns:
       `SpeculativeOutput(tokens [B, max_new_tokens], lengths [B], stats)`. A block that
@@ -332,7 +345,7 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
         target, draft, prompts, max_new_tokens=max_new_tokens,
         num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
         prompt_lengths=prompt_lengths, pad_id=pad_id, cache_size=cache_size, tree=tree,
-        program=_speculative_loop)
+        verification=verification, program=_speculative_loop)
     params = sampling_params(config.sampling, state.lengths.shape[0])
     state = _speculative_loop(target, drafter, state, compile_key(config, params), params,
                               drafter_type=drafter_key(drafter))
@@ -340,4 +353,5 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
     tokens = first_columns(_generated_tokens(state, jnp.int32(pad_id)), max_new_tokens, rows)
     return SpeculativeOutput(tokens=tokens,
                              lengths=first_rows(process_local(state.num_generated), rows),
-                             stats=SpeculativeStats.from_state(state, rows))
+                             stats=SpeculativeStats.from_state(
+                                 state, rows, verification_name(config.verification)))

@@ -29,6 +29,9 @@ class SpeculativeStats:
     target_forwards / draft_forwards: per row, while the row was running (prefill
     excluded); emitted / proposed / accepted / checked: per-row counts; num_steps:
     batched verify forwards run.
+    verification: the rule the steps ran ("block", "token", "typical (not exact)": see
+      specjax.verification), or None when unknown (stats built from counts, or merged
+      from runs under different rules).
     """
 
     acceptance_rate: float
@@ -48,11 +51,12 @@ class SpeculativeStats:
     row_accepted_per_position: np.ndarray
     row_accepted_length_counts: np.ndarray
     num_steps: int
+    verification: str | None = None
 
     @classmethod
     def from_counts(cls, *, proposed, accepted, checked, emitted, target_forwards,
                     draft_forwards, accepted_per_position, accepted_length_counts,
-                    num_steps: int) -> SpeculativeStats:
+                    num_steps: int, verification: str | None = None) -> SpeculativeStats:
         """Stats from per-row counts (numpy [B]; accepted_per_position [B, K];
         accepted_length_counts [B, K+1])."""
         proposed, accepted, checked, emitted, forwards, per_pos, length_counts = (
@@ -72,12 +76,14 @@ class SpeculativeStats:
             row_mean_accepted_length=emitted / safe(forwards),
             row_accepted_per_position=per_pos / safe(forwards)[:, None],
             row_accepted_length_counts=length_counts,
-            num_steps=int(num_steps))
+            num_steps=int(num_steps), verification=verification)
 
     @classmethod
-    def from_state(cls, state, rows: int | None = None) -> SpeculativeStats:
+    def from_state(cls, state, rows: int | None = None,
+                   verification: str | None = None) -> SpeculativeStats:
         """The stats of a (finished) `SpeculativeState`: of its first `rows` rows (the
-        caller's, without a mesh's padding rows), or of all."""
+        caller's, without a mesh's padding rows), or of all; `verification` names the rule
+        its steps ran."""
         host = fetch(
             (state.proposed, state.accepted, state.checked, state.lengths - state.prompt_lengths,
              state.target_forwards, state.draft_forwards, state.accepted_per_position,
@@ -86,7 +92,7 @@ class SpeculativeStats:
         names = ("proposed", "accepted", "checked", "emitted", "target_forwards",
                  "draft_forwards", "accepted_per_position", "accepted_length_counts",
                  "num_steps")
-        return cls.from_counts(**dict(zip(names, host, strict=True)))
+        return cls.from_counts(**dict(zip(names, host, strict=True)), verification=verification)
 
     @classmethod
     def merge(cls, parts: list[SpeculativeStats]) -> SpeculativeStats:
@@ -106,7 +112,9 @@ class SpeculativeStats:
             draft_forwards=join("draft_forwards"),
             accepted_per_position=np.rint(per_pos).astype(np.int64),
             accepted_length_counts=join("row_accepted_length_counts"),
-            num_steps=sum(p.num_steps for p in parts))
+            num_steps=sum(p.num_steps for p in parts),
+            verification=parts[0].verification
+            if len({p.verification for p in parts}) == 1 else None)
 
     def as_dict(self) -> dict:
         out = {}

@@ -22,7 +22,7 @@ from jaxtyping import Bool, Int, Key
 from specjax.branches import run_one_of, verify_widths
 from specjax.causal_lm import CausalLM
 from specjax.drafters.base import Commit, DraftContext, Proposal, check_proposal, drafter_key
-from specjax.rejection import accept_greedy, accept_sampled
+from specjax.rejection import accept_greedy
 from specjax.sampling import (
     GREEDY,
     SamplingConfig,
@@ -34,8 +34,15 @@ from specjax.sampling import (
     sampling_params,
 )
 from specjax.sharding import pin_rows
-from specjax.tree_acceptance import accept_tree_greedy, accept_tree_sampled
+from specjax.tree_acceptance import accept_tree_greedy
 from specjax.trees import DynamicTree, TreeBudget, TreeShape, ancestor_mask, tree_depths
+from specjax.verification import (
+    Verification,
+    offered_drafts,
+    resolve_verification,
+    verify_chain,
+    verify_tree,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,11 +57,15 @@ class SpeculativeConfig:
       `DynamicTree` budget of N nodes (drafters grow a tree per row and return its
       parents), a `TreeBudget` (a drafter that builds its own tree per row by its own
       rule: retrieval, lookahead), or None for a chain of K drafts (the fast path).
+    verification: the rule that decides what a step keeps (specjax.verification): "block"
+      (chains), "token", or `TypicalAcceptance(...)` (NOT exact); None takes the best
+      exact rule for the shape ("block" for a chain, "token" for a tree).
     """
 
     num_draft_tokens: int
     sampling: SamplingConfig | tuple[SamplingConfig, ...] = SamplingConfig()
     tree: TreeShape | DynamicTree | TreeBudget | None = None
+    verification: Verification | None = None
 
     def __post_init__(self):
         k = self.num_draft_tokens
@@ -74,6 +85,8 @@ class SpeculativeConfig:
                                  f"num_draft_tokens={self.num_draft_tokens}: a tree step "
                                  "verifies every node, so pass num_draft_tokens="
                                  f"{self.tree.num_nodes}")
+        object.__setattr__(self, "verification",
+                           resolve_verification(self.verification, self.tree))
 
 
 @jax.tree_util.register_dataclass
@@ -215,11 +228,10 @@ def verify(target: CausalLM, state: SpeculativeState, proposal: Proposal,
 
 def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
            config: SpeculativeConfig, sampling: SamplingParams) -> Verdict:
-    """(c, d) Exact acceptance: the longest valid prefix of a chain, or the accepted path of
-    a tree, then the correction or bonus token. A batch whose every row is greedy takes
-    the argmax rules; otherwise the sampled rules, where a greedy row's p is its argmax
-    one-hot (it then accepts exactly the drafts equal to the argmax, and its correction or
-    bonus is the argmax: greedy output, whatever the draft's q)."""
+    """(c, d) Acceptance under `config.verification`: the accepted prefix of a chain, or
+    path of a tree, then the correction or bonus token. An all-greedy batch takes the
+    argmax rules; otherwise a greedy row's p is its argmax one-hot, under which every
+    rule accepts exactly the drafts equal to the argmax and emits the argmax."""
     if config.tree is None:
         # A row that offers fewer drafts (`num_real`) than the step verifies accepts only
         # those: a chain of its own length, so the stats count the drafts offered.
@@ -227,8 +239,8 @@ def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
         if sampling.greedy:
             linear = accept_greedy(proposal.tokens, logits_BN1V, limit_B)
         else:
-            linear = accept_sampled(*keys, proposal.tokens, proposal.q,
-                                    probabilities(logits_BN1V, sampling), limit_B)
+            linear = verify_chain(config.verification, keys, proposal.tokens, proposal.q,
+                                  probabilities(logits_BN1V, sampling), limit_B)
         num_draft = config.num_draft_tokens
         path_BK = jnp.where(linear.accepted, jnp.arange(num_draft, dtype=jnp.int32)[None], -1)
         num_accepted_B, next_B = linear.num_accepted, linear.next_token
@@ -240,9 +252,8 @@ def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
         if sampling.greedy:
             walk = accept_tree_greedy(proposal.tokens, parents_BN, logits_BN1V, **bounds)
         else:
-            walk = accept_tree_sampled(*keys, proposal.tokens, parents_BN,
-                                       probabilities(logits_BN1V, sampling), proposal.q,
-                                       **bounds)
+            walk = verify_tree(config.verification, keys, proposal.tokens, parents_BN,
+                               probabilities(logits_BN1V, sampling), proposal.q, **bounds)
         path_BK, num_accepted_B, next_B = walk.path, walk.num_accepted, walk.next_token
     width = path_BK.shape[1]
     path_tokens_BK = jnp.take_along_axis(proposal.tokens, jnp.maximum(path_BK, 0), axis=1)
@@ -250,14 +261,6 @@ def accept(keys: tuple[Array, Array], proposal: Proposal, logits_BN1V: Array,
     padded_BK1 = jnp.concatenate([path_tokens_BK, path_tokens_BK[:, :1]], axis=1)
     emitted_BK1 = jnp.where(index_K1 < num_accepted_B[:, None], padded_BK1, next_B[:, None])
     return Verdict(path_BK, num_accepted_B, emitted_BK1)
-
-
-def offered_drafts(proposal: Proposal, width: int) -> Array | None:
-    """int32 [B]: the drafts of a chain each row offers (`num_real`, at most `width`), or
-    None when every row offers all."""
-    if proposal.num_real is None:
-        return None
-    return jnp.clip(proposal.num_real, 0, width).astype(jnp.int32)
 
 
 def _pad_verdict(verdict: Verdict, hidden, target_tokens, path_width: int, nodes: int):

@@ -25,6 +25,7 @@ from specjax.sampling import SamplingConfig, sampling_params
 from specjax.speculative_loop import start_decoding
 from specjax.stats import SpeculativeStats
 from specjax.step import SpeculativeState, compile_key, compiled_step
+from specjax.verification import verification_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,18 +60,18 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
                        sampling: SamplingConfig | Sequence[SamplingConfig] = SamplingConfig(),
                        key: Array | None = None, eos_id=None, prompt_lengths=None,
                        pad_id: int = 0, cache_size: int | None = None,
-                       tree=None) -> Iterator[StreamChunk]:
+                       tree=None, verification=None) -> Iterator[StreamChunk]:
     """Yield one `StreamChunk` per speculative step until every row is done.
 
     Same arguments and the same tokens as `speculative_generate` with the same key (a
-    `tree` too); `pad_id` fills each chunk's `block` array after the row's new tokens
-    (`block` is [B, D + 1] for a tree of depth D).
+    `tree` and a `verification` rule too); `pad_id` fills each chunk's `block` array
+    after the row's new tokens (`block` is [B, D + 1] for a tree of depth D).
     """
     config, pad_id, state, drafter = start_decoding(
         target, draft, prompts, max_new_tokens=max_new_tokens,
         num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
         prompt_lengths=prompt_lengths, pad_id=pad_id, cache_size=cache_size, tree=tree,
-        program=compiled_step)
+        verification=verification, program=compiled_step)
     # A step commits at most one token per accepted depth, plus one.
     tree = config.tree  # the drafter's own (lookahead, retrieval) when none is given
     width = (config.num_draft_tokens if tree is None else tree.max_depth) + 1
@@ -92,6 +93,8 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
                          pad_id).astype(np.int32)
         yield StreamChunk(step=step, tokens=tokens, from_draft=from_draft,
                           done=[bool(d) for d in done], block=block,
-                          stats=SpeculativeStats.from_state(state, rows) if finished else None)
+                          stats=SpeculativeStats.from_state(
+                              state, rows, verification_name(config.verification))
+                          if finished else None)
         if finished:
             return

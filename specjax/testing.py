@@ -167,15 +167,18 @@ def chi_square_pvalue(samples_NL, expected_joint: np.ndarray,
 def speculative_joint_pvalue(target: CausalLM, drafter, prompt: list[int],
                              sampling: SamplingConfig, *, num_draft_tokens: int | None = 2,
                              rows: int = 30_000, num_tokens: int = 3, seed: int = 0,
-                             tree=None) -> tuple[float, SpeculativeOutput]:
+                             tree=None, verification=None
+                             ) -> tuple[float, SpeculativeOutput]:
     """Chi-square p-value of the first `num_tokens` tokens that speculative decoding with
-    `drafter` (a CausalLM or any drafter; with `tree`, a TreeShape or DynamicTree) generates after
-    `prompt`, over `rows` rows in one batched call, against the target's exactly
-    enumerated joint. Returns the p-value and the output (its stats show that speculation
-    happened: acceptance in (0, 1))."""
+    `drafter` (a CausalLM or any drafter; with `tree`, a TreeShape or DynamicTree; under
+    the `verification` rule, by default the shape's own) generates after `prompt`, over
+    `rows` rows in one batched call, against the target's exactly enumerated joint.
+    Returns the p-value and the output (its stats show that speculation happened:
+    acceptance in (0, 1))."""
     pvalues, out = speculative_joint_pvalues(
         target, drafter, prompt, [sampling], num_draft_tokens=num_draft_tokens,
-        rows_per_setting=rows, num_tokens=num_tokens, seed=seed, tree=tree)
+        rows_per_setting=rows, num_tokens=num_tokens, seed=seed, tree=tree,
+        verification=verification)
     return pvalues[0], out
 
 
@@ -183,7 +186,8 @@ def speculative_joint_pvalues(target: CausalLM, drafter, prompt: list[int],
                               samplings: Sequence[SamplingConfig], *,
                               num_draft_tokens: int | None = 2, rows_per_setting: int = 10_000,
                               num_tokens: int = 3, seed: int = 0,
-                              tree=None) -> tuple[list[float], SpeculativeOutput]:
+                              tree=None, verification=None
+                              ) -> tuple[list[float], SpeculativeOutput]:
     """`speculative_joint_pvalue` for several sampling settings in ONE batched call: the
     rows are split into groups of `rows_per_setting`, group i decoding with
     `samplings[i]` (per-row settings share the batch, and one compiled decoder), and each
@@ -199,6 +203,7 @@ def speculative_joint_pvalues(target: CausalLM, drafter, prompt: list[int],
                                num_draft_tokens=None if tree is not None else num_draft_tokens,
                                sampling=per_row if len(samplings) > 1 else samplings[0],
                                key=jax.random.key(seed), tree=tree,
+                               verification=verification,
                                # Just the slots the rows use: thousands of rows attend
                                # over the cache's capacity, not its tokens.
                                cache_size=len(prompt) + num_tokens + nodes + 1)

@@ -39,28 +39,67 @@ def test_bad_arguments_are_refused(call):
 
 
 @pytest.mark.parametrize("method", ["sample", "greedy"])
-def test_formula_matches_measured_acceptance_for_iid_drafts(method):
-    """Context-free target and draft make acceptance i.i.d. with a known alpha:
-    sum min(p, q) for sampled drafts, p(argmax q) for greedy drafts. The measured
-    acceptance rate, per-position rates alpha^j and tokens per forward match the model."""
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_formula_matches_measured_acceptance_for_iid_drafts(method, verification):
+    """Context-free target and draft make acceptance i.i.d.: under the token rule with a
+    known alpha (sum min(p, q) for sampled drafts, p(argmax q) for greedy drafts: the
+    per-position rates are alpha^j), under block verification with the rates of
+    `block_acceptance_by_position` (q one-hot at the argmax for greedy drafts). The
+    measured per-position rates and tokens per forward match the model."""
     p_logits = np.log(np.array([0.4, 0.3, 0.2, 0.1]))
     q_logits = np.log(np.array([0.25, 0.25, 0.25, 0.25]))
     p, q = np.exp(p_logits), np.exp(q_logits)
     k = 4
     out = speculative_generate(unigram_lm(p_logits), DraftModel(unigram_lm(q_logits), method),
                                [[0]] * 4000, max_new_tokens=40, num_draft_tokens=k,
-                               sampling=SamplingConfig(temperature=1.0), key=jax.random.key(0))
+                               sampling=SamplingConfig(temperature=1.0), key=jax.random.key(0),
+                               verification=verification)
     alpha = analysis.expected_acceptance_rate(p, q) if method == "sample" else p[0]
+    drawn_from = q if method == "sample" else np.eye(4)[0]
+    if verification == "token":
+        expected_positions = alpha ** np.arange(1, k + 1)
+        expected_tau = analysis.expected_tokens_per_forward(alpha, k)
+    else:
+        expected_positions = analysis.block_acceptance_by_position(p, drawn_from, k)
+        expected_tau = 1 + expected_positions.sum()
     positions = out.stats.accepted_per_position
-    np.testing.assert_allclose(positions, alpha ** np.arange(1, k + 1), atol=0.01)
+    np.testing.assert_allclose(positions, expected_positions, atol=0.01)
     # The uncut estimate of tokens per forward: accepted per step + the correction/bonus.
     measured_tau = out.stats.accepted.sum() / out.stats.target_forwards.sum() + 1
-    assert measured_tau == pytest.approx(analysis.expected_tokens_per_forward(alpha, k),
-                                         abs=0.03)
-    # The acceptance rate is the mean of the per-position rates; the checked-position rate
-    # estimates alpha itself.
+    assert measured_tau == pytest.approx(expected_tau, abs=0.03)
+    # The acceptance rate is the mean of the per-position rates.
     assert out.stats.acceptance_rate == pytest.approx(positions.mean(), abs=1e-9)
-    assert out.stats.position_acceptance_rate == pytest.approx(alpha, abs=0.01)
+    if verification == "token":  # the checked-position rate estimates alpha itself
+        assert out.stats.position_acceptance_rate == pytest.approx(alpha, abs=0.01)
+
+
+def test_block_verification_keeps_more_than_the_token_rule_in_the_iid_model():
+    """Per position, exactly: never below alpha^j, above it for a sampled draft; equal
+    to 1 for a draft that is the target."""
+    p, q = np.array([0.4, 0.3, 0.2, 0.1]), np.array([0.1, 0.2, 0.3, 0.4])
+    alpha = analysis.expected_acceptance_rate(p, q)
+    block = analysis.block_acceptance_by_position(p, q, 6)
+    assert np.all(block >= alpha ** np.arange(1, 7) - 1e-12)
+    assert block[-1] > 1.5 * alpha ** 6
+    np.testing.assert_allclose(analysis.block_acceptance_by_position(p, p, 5), np.ones(5))
+    np.testing.assert_allclose(analysis.block_acceptance_by_position(p, q, 1), [alpha])
+
+
+@pytest.mark.parametrize("p,q,k,message", [
+    ([0.5, 0.5], [1.0], 2, "same size"),
+    ([0.5, 0.6], [0.5, 0.5], 2, "probability distribution"),
+    ([0.5, 0.5], [0.5, 0.5], 0, "integers >= 1"),
+])
+def test_block_acceptance_refuses_bad_input(p, q, k, message):
+    with pytest.raises(ValueError, match=message):
+        analysis.block_acceptance_by_position(p, q, k)
+
+
+def test_block_acceptance_refuses_a_state_space_it_cannot_hold():
+    rng = np.random.default_rng(0)
+    p, q = rng.dirichlet(np.ones(64)), rng.dirichlet(np.ones(64))
+    with pytest.raises(ValueError, match="distinct weights"):
+        analysis.block_acceptance_by_position(p, q, 8, max_states=10_000)
 
 
 def test_rank_acceptance_of_a_pair(tiny_lm):

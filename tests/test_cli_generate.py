@@ -47,6 +47,18 @@ def test_generate_json_speculative_equals_plain_greedy():
     tree_out = json.loads(tree.stdout)
     assert tree_out["tokens"] == plain_out["tokens"]
     assert tree_out["stats"]["nodes_per_step"] == 12
+    # The rule that ran: block for a chain, token for a tree, by default.
+    assert spec_out["stats"]["verification"] == "block"
+    assert tree_out["stats"]["verification"] == "token"
+    # Greedy text is the same under every rule, the lossy one named as such.
+    for rule, name in (["token"], "token"), (["typical", "--typical-epsilon", "0.2"],
+                                              "typical (not exact)"):
+        ruled = run_cli("generate", prompt, "--max-new-tokens", "40", "--num-draft-tokens", "4",
+                        "--json", "--verification", *rule)
+        assert ruled.returncode == 0, ruled.stderr
+        assert json.loads(ruled.stdout)["tokens"] == plain_out["tokens"]
+        assert json.loads(ruled.stdout)["stats"]["verification"] == name
+        assert f"verification {name}" in ruled.stderr
 
 
 def test_no_prompt_on_a_terminal_is_a_message_not_a_wait(monkeypatch):
@@ -169,6 +181,11 @@ def test_the_target_drafting_for_itself_gives_plain_greedy_text():
     (["--skip", "1"], "--skip needs --drafter layer-skip"),
     (["--drafter", "layer-skip", "--skip", "1,x"], "--skip takes block indices"),
     (["--drafter", "lookahead", "--adaptive-length"], "--adaptive-length sets the length"),
+    (["--verification", "block", "--dynamic-tree", "8,3,2"], "pass --verification token"),
+    (["--verification", "block", "--drafter", "retrieval"], "pass --verification token"),
+    (["--typical-delta", "0.2"], "add --verification typical (which is not exact)"),
+    (["--verification", "typical", "--typical-epsilon", "1.5"], "numbers in (0, 1)"),
+    (["--verification", "traversal"], "invalid choice: 'traversal'"),
 ])
 def test_self_speculation_options_are_checked_before_loading(options, message):
     out = run_cli("generate", "x", *options)

@@ -9,7 +9,9 @@ top-k and top-p, while a greedy group follows the greedy continuation. Greedy ro
 mixed batch equal `generate` (chain, static and dynamic trees). A drafter that
 misreports how its tree was drawn fails the chi-square test (the power check).
 
-A new drafter or proposal shape joins by adding one entry to ENTRIES.
+Chains run block verification (their default rule); the entries named "token rule" run
+the token rule, trees run theirs (specjax.verification). A new drafter, proposal shape or
+verification rule joins by adding one entry to ENTRIES.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class Entry:
     slow_greedy: bool = False
     slow_stats: bool = False
     stat_samplings: tuple = ("t1", "t0.7-topk4", "topp0.8")
+    # The verification rule (specjax.verification); None: the shape's default ("block"
+    # for a chain, "token" for a tree).
+    verification: str | None = None
 
 
 def eagle(kind: str, method: str = "sample", reduced_vocab: bool = False,
@@ -173,6 +178,19 @@ def early_exit(reduced_vocab: bool = False, **settings):
 ENTRIES = {
     "draft model, chain, sampled": Entry(lambda d, t: DraftModel(d, "sample")),
     "draft model, chain, argmax": Entry(lambda d, t: DraftModel(d, "greedy"), slow_stats=True),
+    # The token rule on chains (block verification is their default): sampled, one-hot
+    # and graded (confidence-thresholded) offers.
+    # (An all-greedy batch takes the argmax rules whatever the rule: their greedy
+    # equality runs in the slow set.)
+    "draft model, chain, sampled, token rule": Entry(lambda d, t: DraftModel(d, "sample"),
+                                                     verification="token", slow_greedy=True),
+    "prompt lookup, chain, token rule": Entry(lambda d, t: PromptLookup(max_ngram_size=2),
+                                              stat_prompt=(1, 5, 2, 1, 5, 2, 1),
+                                              verification="token", slow_greedy=True,
+                                              slow_stats=True),
+    "draft model, chain, confidence threshold, token rule": Entry(
+        lambda d, t: DraftModel(d, "sample", min_confidence=0.1), verification="token",
+        slow_greedy=True, slow_stats=True),
     # A repeating prompt, so that the lookup finds matches and drafts get accepted.
     "prompt lookup, chain": Entry(lambda d, t: PromptLookup(max_ngram_size=2),
                                   stat_prompt=(1, 5, 2, 1, 5, 2, 1)),
@@ -295,7 +313,7 @@ def test_greedy_output_equals_generate(tiny_lm, close_draft, random_draft, name)
         spec = specjax.speculative_generate(
             tiny_lm, drafter, PROMPTS, max_new_tokens=24,
             num_draft_tokens=entry.num_draft_tokens, sampling=GREEDY, eos_id=eos,
-            tree=entry.tree)
+            tree=entry.tree, verification=entry.verification)
         np.testing.assert_array_equal(spec.tokens, plain.tokens)
         np.testing.assert_array_equal(spec.lengths, plain.lengths)
         if getattr(drafter, "reads_target_features", False):
@@ -307,6 +325,8 @@ MIXED = [GREEDY, SamplingConfig(temperature=0.9, top_k=6), GREEDY,
 
 
 @pytest.mark.parametrize("name", ["draft model, chain, sampled",
+                                  pytest.param("draft model, chain, sampled, token rule",
+                                               marks=pytest.mark.slow),
                                   pytest.param("draft model, static tree, sampled",
                                                marks=pytest.mark.slow),
                                   pytest.param("draft model, dynamic tree, top-k",
@@ -321,7 +341,7 @@ def test_greedy_rows_of_a_mixed_batch_equal_generate(tiny_lm, close_draft, name)
     spec = specjax.speculative_generate(
         tiny_lm, entry.make(close_draft, tiny_lm), PROMPTS, max_new_tokens=24,
         num_draft_tokens=entry.num_draft_tokens, sampling=MIXED, eos_id=eos,
-        key=jax.random.key(3), tree=entry.tree)
+        key=jax.random.key(3), tree=entry.tree, verification=entry.verification)
     greedy_rows = [row for row, config in enumerate(MIXED) if config.greedy]
     np.testing.assert_array_equal(np.asarray(spec.tokens)[greedy_rows],
                                   np.asarray(plain.tokens)[greedy_rows])
@@ -343,7 +363,7 @@ def test_sampled_output_follows_the_target(micro_lm, micro_drafts, name):
     pvalues, out = speculative_joint_pvalues(
         micro_lm, entry.make(micro_drafts["close"], micro_lm), list(entry.stat_prompt),
         settings, num_draft_tokens=entry.num_draft_tokens, rows_per_setting=STAT_ROWS,
-        seed=200, tree=entry.tree)
+        seed=200, tree=entry.tree, verification=entry.verification)
     assert pvalues[0] == 1.0, "the greedy rows left the greedy continuation"
     for setting, pvalue in zip(entry.stat_samplings, pvalues[1:], strict=True):
         assert pvalue > 1e-3, (setting, pvalue, out.stats.acceptance_rate)

@@ -16,6 +16,7 @@ from specjax.cli.common import (
     add_sampling,
     add_self_speculation_options,
     painter,
+    rule_for,
     say,
     seed_value,
     stream_text,
@@ -142,7 +143,8 @@ def run(args) -> int:
             later = len(reply) - first_tokens
             rate = f"{later / rest_s:.1f} tokens/s" if later > 0 and rest_s > 0 else "-"
             line = (f"[{len(reply)} tokens, {rate} after the first step; tau "
-                    f"{stats.mean_accepted_length:.2f} tokens per target forward")
+                    f"{stats.mean_accepted_length:.2f} tokens per target forward; "
+                    f"verification {stats.verification}")
         else:
             out = specjax.generate(target, [ids], max_new_tokens=args.max_new_tokens,
                                    sampling=sampling, key=turn_key, eos_id=tokenizer.eos_ids,
@@ -153,7 +155,7 @@ def run(args) -> int:
         if args.compare and speculative:
             line += "; " + _compare_reply(target, drafter, ids, len(reply), sampling,
                                           turn_key, tokenizer.eos_ids, cache_size,
-                                          args.num_draft_tokens, tree)
+                                          args.num_draft_tokens, tree, rule_for(args, tree))
         say(line + "]")
         messages.append({"role": "assistant", "content": tokenizer.decode(reply)})
         if hasattr(drafter, "remember") and reply:
@@ -178,7 +180,7 @@ def online_distiller(target, drafter):
 
 
 def _compare_reply(target, drafter, ids, length, sampling, key, eos_ids, cache_size,
-                   num_draft_tokens, tree=None) -> str:
+                   num_draft_tokens, tree=None, verification=None) -> str:
     """Decode one request again plainly and speculatively (each compiled first) and say
     the measured speedup."""
     import specjax
@@ -189,7 +191,8 @@ def _compare_reply(target, drafter, ids, length, sampling, key, eos_ids, cache_s
     plain = lambda: specjax.generate(target, [ids], **common)
     spec = lambda: specjax.speculative_generate(target, drafter, [ids],
                                                 num_draft_tokens=None if tree else
-                                                num_draft_tokens, tree=tree, **common)
+                                                num_draft_tokens, tree=tree,
+                                                verification=verification, **common)
     plain(), spec()  # compile both first
     plain_s, spec_s = wall_seconds(plain)[1], wall_seconds(spec)[1]
     return (f"this reply again: plain {length / plain_s:.1f} tokens/s, speculative "

@@ -83,7 +83,8 @@ def stream_text(target, drafter, prompt_ids, args, sampling, key, paint, eos_id,
                                             num_draft_tokens=None if tree else
                                             args.num_draft_tokens,
                                             sampling=sampling, key=key, eos_id=eos_id,
-                                            cache_size=cache_size, tree=tree):
+                                            cache_size=cache_size, tree=tree,
+                                            verification=rule_for(args, tree)):
         if first_seconds is None:
             first_seconds = time.perf_counter() - start
             first_tokens = len(chunk.tokens[0])
@@ -118,6 +119,54 @@ def add_sampling(parser):
     parser.add_argument("--top-p", type=float, default=1.0,
                         help="keep the smallest most-probable set reaching this mass; 1.0 is "
                              "off (default: %(default)s)")
+    parser.add_argument("--verification", choices=["block", "token", "typical"], default=None,
+                        help="how a step decides which drafts to keep: block (block "
+                             "verification, chains; exact), token (token-level rejection "
+                             "sampling, the rule of earlier releases; exact), typical "
+                             "(Medusa-2's typical acceptance: NOT EXACT, the output no "
+                             "longer follows the target) (default: block for a chain, token "
+                             "for a tree)")
+    parser.add_argument("--typical-epsilon", type=float, default=None, metavar="E",
+                        help="--verification typical: the hard threshold (default: 0.09)")
+    parser.add_argument("--typical-delta", type=float, default=None, metavar="D",
+                        help="--verification typical: the entropy-scaled threshold "
+                             "(default: 0.3)")
+
+
+def verification_rule(args):
+    """--verification and its parameters as the library's rule (None: the shape's own),
+    checked before any model loads."""
+    from specjax.typical_acceptance import TypicalAcceptance
+
+    typical = {name: value for name, value in (("epsilon", args.typical_epsilon),
+                                               ("delta", args.typical_delta))
+               if value is not None}
+    if args.verification != "typical":
+        if typical:
+            raise CliError("--typical-epsilon / --typical-delta set the typical rule; add "
+                           "--verification typical (which is not exact)")
+        return args.verification
+    try:
+        return TypicalAcceptance(**typical)
+    except ValueError:
+        raise CliError(f"--typical-epsilon and --typical-delta must be numbers in (0, 1) "
+                       f"(Medusa's published setting: 0.09 and 0.3), got "
+                       f"{0.09 if args.typical_epsilon is None else args.typical_epsilon} and "
+                       f"{0.3 if args.typical_delta is None else args.typical_delta}") from None
+
+
+def rule_for(args, tree, drafts_own_tree: bool = False):
+    """The rule a decoder runs for this proposal shape (`drafts_own_tree`: a drafter that
+    builds its own tree, lookahead or retrieval, not loaded yet): --verification block on
+    a tree is refused by name."""
+    from specjax.verification import resolve_verification
+
+    rule = getattr(args, "verification_rule", None)
+    if rule == "block" and (tree is not None or drafts_own_tree):
+        raise CliError("--verification block judges a chain of drafts; this drafter verifies a "
+                       "token tree (--dynamic-tree, lookahead, retrieval): pass --verification "
+                       "token, or leave it out (the best exact rule for the shape)")
+    return resolve_verification(rule, tree)
 
 
 def compilation_cache(args) -> None:

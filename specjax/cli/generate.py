@@ -17,6 +17,7 @@ from specjax.cli.common import (
     add_sampling,
     add_self_speculation_options,
     painter,
+    rule_for,
     say,
     seed_value,
     stream_text,
@@ -186,7 +187,8 @@ def run(args) -> int:
                                             num_draft_tokens=None if tree else
                                             args.num_draft_tokens,
                                             sampling=sampling, key=key, eos_id=eos,
-                                            cache_size=capacity, tree=tree)
+                                            cache_size=capacity, tree=tree,
+                                            verification=rule_for(args, tree))
 
     if args.json or not speculative:
         # Compile on a 1-token request with the same shapes, then time the real one.
@@ -224,7 +226,7 @@ def run(args) -> int:
         summary = (f"{int(stats.emitted[0])} tokens; {rate} after the first step (which took "
                    f"{first_s:.2f} s with compilation and the prefill); acceptance "
                    f"{stats.acceptance_rate:.2f}; tau {stats.mean_accepted_length:.2f} tokens "
-                   "per target forward")
+                   f"per target forward; verification {stats.verification}")
     if not args.quiet:
         say(summary)
     return 0
@@ -235,5 +237,6 @@ def _summary(length: int, seconds: float, compile_seconds: float, stats) -> str:
             f"excluded; compiling took {compile_seconds:.1f} s)")
     if stats is not None:
         line += (f"; acceptance {stats.acceptance_rate:.2f}; tau "
-                 f"{stats.mean_accepted_length:.2f} tokens per target forward")
+                 f"{stats.mean_accepted_length:.2f} tokens per target forward; verification "
+                 f"{stats.verification}")
     return line

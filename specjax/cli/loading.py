@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from specjax.cli.common import CliError, check_dir, scan_layers
+from specjax.cli.common import CliError, check_dir, rule_for, scan_layers, verification_rule
 
 HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp", "kangaroo")
 MODEL_FREE_CHOICES = ("lookahead", "retrieval")
@@ -85,6 +85,8 @@ def validate_decoding(args):
     except ValueError as error:  # the library's own messages, with the option's name
         raise CliError(str(error).replace("num_draft_tokens", "--num-draft-tokens")) from None
     tree = parse_tree(args)
+    args.verification_rule = verification_rule(args)
+    rule_for(args, tree, drafts_own_tree=drafter_choice(args) in MODEL_FREE_CHOICES)
     check_min_confidence(args, tree)
     check_model_free_options(args)
     check_self_speculation_options(args, tree)

@@ -1,0 +1,95 @@
+"""The verification rule of a step: which drafts it keeps, and what it emits after them.
+
+One name for every decoder (`speculative_generate`, `speculative_stream`,
+`SpeculativeConfig` for `speculative_step` / `jitted_step`, the command line's
+`--verification`):
+
+- "block": block verification (Sun et al., ICLR 2025; specjax.block_verification). Judges
+  a chain jointly; exact, and never accepts fewer tokens than "token" in expectation.
+  Chains only: a tree is refused by name (traversal verification, its tree form, is not
+  implemented).
+- "token": token-level rejection sampling, the first rejection ends the step (Leviathan
+  et al. / Chen et al. for chains, specjax.rejection; recursive rejection sampling for
+  trees, specjax.tree_acceptance). Exact. The rule of specjax before block verification:
+  pass it to reproduce an older seeded run.
+- `TypicalAcceptance(epsilon, delta)`: Medusa-2's typical acceptance
+  (specjax.typical_acceptance). NOT EXACT: a labelled lossy mode, never a default.
+
+The default (None) is the exact rule that accepts the most for the proposal shape:
+"block" for a chain, "token" for a tree. At temperature 0 every rule accepts exactly the
+drafts equal to the target's argmax and emits the argmax: an all-greedy batch takes the
+argmax rules whichever rule is named. The rule is part of the compiled step (static);
+the sampling values stay data.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import Array
+
+from specjax.block_verification import accept_block
+from specjax.rejection import Acceptance, accept_sampled
+from specjax.tree_acceptance import TreeAcceptance, accept_tree_sampled
+from specjax.typical_acceptance import (
+    TypicalAcceptance,
+    accept_typical_chain,
+    accept_typical_tree,
+)
+
+EXACT_RULES = ("block", "token")
+
+Verification = str | TypicalAcceptance
+
+
+def resolve_verification(verification: Verification | None, tree) -> Verification:
+    """The rule a step runs: `verification` checked against the proposal shape (`tree`
+    None for a chain), None replaced by the shape's default."""
+    if verification is None:
+        return "block" if tree is None else "token"
+    if isinstance(verification, TypicalAcceptance):
+        return verification
+    if not isinstance(verification, str) or verification not in EXACT_RULES:
+        raise ValueError(f"verification must be one of {', '.join(map(repr, EXACT_RULES))}, "
+                         "None (the default: 'block' for a chain, 'token' for a tree) or "
+                         f"specjax.TypicalAcceptance(epsilon, delta); got {verification!r}")
+    if verification == "block" and tree is not None:
+        raise ValueError("verification='block' judges a chain of drafts; this step verifies "
+                         "a tree: pass verification='token' (recursive rejection sampling) "
+                         "or None (the best exact rule for the shape), or tree=None")
+    return verification
+
+
+def verification_name(rule: Verification) -> str:
+    """How stats and the command line name the rule ("typical (not exact)" for the lossy
+    one)."""
+    return rule.name if isinstance(rule, TypicalAcceptance) else rule
+
+
+def offered_drafts(proposal, width: int) -> Array | None:
+    """int32 [B]: the drafts of a chain each row offers (`proposal.num_real`, at most
+    `width`), or None when every row offers all."""
+    if proposal.num_real is None:
+        return None
+    return jnp.clip(proposal.num_real, 0, width).astype(jnp.int32)
+
+
+def verify_chain(rule: Verification, keys: tuple[Array, Array], tokens_BK: Array,
+                 q_BKV: Array, p_BK1V: Array, limit_B: Array | None) -> Acceptance:
+    """A chain under `rule`, for a batch with sampled rows (warped p; greedy rows one-hot)."""
+    if isinstance(rule, TypicalAcceptance):
+        return accept_typical_chain(keys[1], tokens_BK, p_BK1V, rule, limit_B)
+    if rule == "block":
+        return accept_block(*keys, tokens_BK, q_BKV, p_BK1V, limit_B)
+    return accept_sampled(*keys, tokens_BK, q_BKV, p_BK1V, limit_B)
+
+
+def verify_tree(rule: Verification, keys: tuple[Array, Array], tokens_BN: Array,
+                parents_BN: Array, p_BN1V: Array, q_BNV: Array | None, *, max_depth: int,
+                max_branching: int, never_accept_BN: Array | None) -> TreeAcceptance:
+    """A tree under `rule` ("token" or typical; see `resolve_verification`)."""
+    if isinstance(rule, TypicalAcceptance):
+        return accept_typical_tree(keys[1], tokens_BN, parents_BN, p_BN1V, rule,
+                                   max_depth=max_depth, never_accept_BN=never_accept_BN)
+    return accept_tree_sampled(*keys, tokens_BN, parents_BN, p_BN1V, q_BNV,
+                               max_depth=max_depth, max_branching=max_branching,
+                               never_accept_BN=never_accept_BN)
