@@ -36,34 +36,41 @@ def random_model(seed: int, sharpness: float, one_hot: bool = False):
     return distribution
 
 
-def verifier_distributions(target, draft, drafts: tuple, limit: int | None, residual):
-    """For one drafted chain: (probability that the step accepts tau drafts, tau = 0..K;
-    the next token's distribution at each tau), from the rule's own functions."""
-    num_draft = len(drafts)
-    q_1KV = jnp.asarray([[draft(drafts[:j]) for j in range(num_draft)]], jnp.float32)
-    p_1K1V = jnp.asarray([[target(drafts[:j]) for j in range(num_draft + 1)]], jnp.float32)
-    limit_1 = None if limit is None else jnp.asarray([limit])
-    tokens_1K = jnp.asarray([drafts])
-    p_1K1V, q_1K1V, weights_1K1 = chain_distributions(tokens_1K, q_1KV, p_1K1V, limit_1)
-    keep_K = np.array(keep_probabilities(p_1K1V, q_1K1V, weights_1K1))[0]
-    offered = num_draft if limit is None else limit
-    keep_K[offered:] = 0.0
-    # tau is the longest kept prefix: kept at tau, not kept after it.
-    stop = np.array([np.prod(1.0 - keep_K[tau:]) * (1.0 if tau == 0 else keep_K[tau - 1])
-                     for tau in range(num_draft + 1)])
-    nexts = np.asarray(residual(weights_1K1[0], p_1K1V[0], q_1K1V[0]))
-    return stop, nexts
+def verifier_distributions(target, draft, chains: list, limit: int | None, residual):
+    """For every drafted chain at once (one row each): (probability that the step accepts
+    tau drafts, tau = 0..K, [B, K+1]; the next token's distribution at each tau,
+    [B, K+1, V]), from the rule's own functions."""
+    num_draft = len(chains[0])
+    q_BKV = jnp.asarray([[draft(c[:j]) for j in range(num_draft)] for c in chains],
+                        jnp.float32)
+    p_BK1V = jnp.asarray([[target(c[:j]) for j in range(num_draft + 1)] for c in chains],
+                         jnp.float32)
+    limit_B = None if limit is None else jnp.full((len(chains),), limit)
+    p_BK1V, q_BK1V, weights_BK1 = chain_distributions(jnp.asarray(chains), q_BKV, p_BK1V,
+                                                      limit_B)
+    keep_BK = np.array(keep_probabilities(p_BK1V, q_BK1V, weights_BK1))
+    keep_BK[:, num_draft if limit is None else limit:] = 0.0
+    # tau is the longest kept prefix: kept at tau (tau = 0: always), none kept after it.
+    kept_at_BK1 = np.concatenate([np.ones((len(chains), 1)), keep_BK], axis=1)
+    none_after_BK1 = np.concatenate([np.cumprod((1.0 - keep_BK)[:, ::-1], axis=1)[:, ::-1],
+                                     np.ones((len(chains), 1))], axis=1)
+    stop_BK1 = kept_at_BK1 * none_after_BK1
+    nexts_BK1V = np.stack([np.asarray(residual(weights_BK1[:, tau], p_BK1V[:, tau],
+                                               q_BK1V[:, tau]))
+                           for tau in range(num_draft + 1)], axis=1)
+    return stop_BK1, nexts_BK1V
 
 
 def output_distribution(target, draft, num_draft: int, limit: int | None, residual,
                         length: int) -> dict:
     """P(the first `length` tokens after one step, continued by sampling the target)."""
+    chains = list(itertools.product(range(VOCAB), repeat=num_draft))
+    stop_BK1, nexts_BK1V = verifier_distributions(target, draft, chains, limit, residual)
     out = {}
-    for drafts in itertools.product(range(VOCAB), repeat=num_draft):
+    for drafts, stop, nexts in zip(chains, stop_BK1, nexts_BK1V, strict=True):
         q_of_chain = np.prod([draft(drafts[:j])[drafts[j]] for j in range(num_draft)])
         if q_of_chain == 0.0:
             continue
-        stop, nexts = verifier_distributions(target, draft, drafts, limit, residual)
         for tau in range(num_draft + 1):
             for token in range(VOCAB):
                 weight = q_of_chain * stop[tau] * nexts[tau][token]
@@ -83,14 +90,14 @@ def target_distribution(target, length: int) -> dict:
             for s in itertools.product(range(VOCAB), repeat=length)}
 
 
-def the_rule(weights_K1, p_K1V, q_K1V):
-    return block_residual(weights_K1, p_K1V, q_K1V)
+def the_rule(weight_B, p_BV, q_BV):
+    return block_residual(weight_B, p_BV, q_BV)
 
 
-def token_rules_residual(weights_K1, p_K1V, q_K1V):
+def token_rules_residual(weight_B, p_BV, q_BV):
     """vllm-ascend's bug: block acceptance with the token rule's residual (p - q)+."""
-    del weights_K1
-    return residual_distribution(p_K1V, q_K1V)
+    del weight_B
+    return residual_distribution(p_BV, q_BV)
 
 
 def total_variation(a: dict, b: dict) -> float:
@@ -136,12 +143,13 @@ def test_it_accepts_at_least_what_the_token_rule_accepts_on_average():
     """The expected accepted length, exactly from the rule's own probabilities, is never
     below the token rule's prod-of-min formula, and above it for these chains."""
     gains = []
+    chains = list(itertools.product(range(VOCAB), repeat=3))
     for seed in range(6):
         target, draft = random_model(seed, 1.5), random_model(seed + 50, 1.0)
+        stop_BK1, _ = verifier_distributions(target, draft, chains, None, the_rule)
         expected_block = expected_token = 0.0
-        for drafts in itertools.product(range(VOCAB), repeat=3):
+        for drafts, stop in zip(chains, stop_BK1, strict=True):
             q_of_chain = np.prod([draft(drafts[:j])[drafts[j]] for j in range(3)])
-            stop, _ = verifier_distributions(target, draft, drafts, None, the_rule)
             expected_block += q_of_chain * float(np.dot(stop, np.arange(4)))
             ratios = [min(1.0, target(drafts[:j])[drafts[j]] / draft(drafts[:j])[drafts[j]])
                       for j in range(3)]
