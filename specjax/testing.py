@@ -182,6 +182,12 @@ def speculative_joint_pvalue(target: CausalLM, drafter, prompt: list[int],
     return pvalues[0], out
 
 
+# Rows of a greedy setting's group in `speculative_joint_pvalues`: greedy rows are
+# deterministic (the target's argmax continuation, whatever was drafted), so more rows
+# would test the same thing again; 256 still see 256 different draws of the drafts.
+GREEDY_GROUP_ROWS = 256
+
+
 def speculative_joint_pvalues(target: CausalLM, drafter, prompt: list[int],
                               samplings: Sequence[SamplingConfig], *,
                               num_draft_tokens: int | None = 2, rows_per_setting: int = 10_000,
@@ -192,10 +198,14 @@ def speculative_joint_pvalues(target: CausalLM, drafter, prompt: list[int],
     rows are split into groups of `rows_per_setting`, group i decoding with
     `samplings[i]` (per-row settings share the batch, and one compiled decoder), and each
     group is tested against its own warped target. A greedy setting's group must follow
-    the greedy continuation exactly (p-value 1.0, else 0.0). Returns one p-value per
-    setting and the output."""
+    the greedy continuation exactly (p-value 1.0, else 0.0); its rows are deterministic
+    whatever the drafts, so it has at most `GREEDY_GROUP_ROWS` of them. Returns one
+    p-value per setting and the output."""
     samplings = list(samplings)
-    per_row = [config for config in samplings for _ in range(rows_per_setting)]
+    group_rows = [min(rows_per_setting, GREEDY_GROUP_ROWS) if config.greedy
+                  else rows_per_setting for config in samplings]
+    per_row = [config for config, rows in zip(samplings, group_rows, strict=True)
+               for _ in range(rows)]
     tree = drafters_tree(drafter, tree)
     nodes = tree.num_nodes if tree is not None else num_draft_tokens
     out = speculative_generate(target, drafter, [list(prompt)] * len(per_row),
@@ -210,9 +220,9 @@ def speculative_joint_pvalues(target: CausalLM, drafter, prompt: list[int],
     if not np.all(np.asarray(out.lengths) == num_tokens):
         raise ValueError("a row ended early (an EOS?); the joint needs every row to produce "
                          f"{num_tokens} tokens: pass no eos_id")
-    tokens = np.asarray(out.tokens).reshape(len(samplings), rows_per_setting, num_tokens)
+    groups = np.split(np.asarray(out.tokens), np.cumsum(group_rows)[:-1])
     pvalues = [chi_square_pvalue(group, enumerate_joint(target, prompt, num_tokens, config))
-               for group, config in zip(tokens, samplings, strict=True)]
+               for group, config in zip(groups, samplings, strict=True)]
     return pvalues, out
 
 

@@ -5,7 +5,7 @@ for token (ragged prompts, an EOS that ends rows at different places), and in ON
 call whose row groups have different settings (settings are data: one compiled decoder),
 the joint of the first 3 tokens of each group follows its own exactly enumerated target
 distribution (chi-square, 12,000 rows per group) at temperature 1, temperature 0.7 +
-top-k and top-p, while a greedy group follows the greedy continuation. Greedy rows of a
+top-k and top-p, while a greedy group (256 rows) follows the greedy continuation. Greedy rows of a
 mixed batch equal `generate` (chain, static and dynamic trees). A drafter that
 misreports how its tree was drawn fails the chi-square test (the power check).
 
