@@ -154,14 +154,16 @@ def smollm2_taus(new_tokens: int) -> list[dict]:
 
 
 def write_report(args, record: dict) -> None:
+    command = record.get("commands") or (f"`python -m benchmarks.verification --reps "
+                                         f"{args.reps} --seeds {args.seeds} --new-tokens "
+                                         f"{args.new_tokens}`")
     lines = ["# Verification rules: token vs block verification, and typical acceptance",
-             "", f"`python -m benchmarks.verification --reps {args.reps} --seeds {args.seeds} "
-             f"--new-tokens {args.new_tokens}` on {record['machine']['cpu_model']} "
+             "", f"{command} on {record['machine']['cpu_model']} "
              f"({record['machine']['cpu_count']} cores), commit "
              f"{record['machine'].get('git_commit', '?')[:10]}. Bundled pair, every held-out "
              f"prompt for tau (median over {record.get('tau_seeds', args.seeds)} seeds, "
              "[min, max]); decode tokens/s of the two rules timed alternately at the batch "
-             "shown (median of repetitions, compile excluded).",
+             "shown (median of repetitions, compile excluded). " + record.get("note", ""),
              "", "| sampling | batch | drafter | tau token | tau block | tau gain | "
              "tokens/s token | tokens/s block | speed ratio |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -17,7 +17,9 @@ class SpeculativeStats:
     position_acceptance_rate: accepted drafts / checked drafts, where a step checks its
       drafts up to and including the first rejection. This estimates the per-position
       acceptance probability beta that the i.i.d. model uses: E[tau] = (1 - beta^(K+1)) /
-      (1 - beta). The two differ: with i.i.d. beta, acceptance_rate = sum_j beta^j / K.
+      (1 - beta) (under the token rule; block verification keeps more than that model
+      says: `specjax.analysis.block_acceptance_by_position`). The two differ: with
+      i.i.d. beta, acceptance_rate = sum_j beta^j / K.
     mean_accepted_length: emitted tokens / target forwards (includes the bonus or
       correction token; plain AR = 1.0).
     accepted_per_position [N]: fraction of verify steps whose accepted path contains node
