@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import Float, Int, Key
 
-from specjax.rejection import Acceptance
+from specjax.rejection import Acceptance, residual_distribution
 from specjax.sampling import row_keys, sample_from_probs
 
 
@@ -93,10 +93,9 @@ def keep_probabilities(p_BK1V: Float[Array, "B K+1 V"], q_BK1V: Float[Array, "B 
 
 def block_residual(weight_B: Float[Array, " B"], p_BV: Float[Array, "B V"],
                    q_BV: Float[Array, "B V"]) -> Float[Array, "B V"]:
-    """normalise((w p - q)+), float32; p itself where rounding leaves no positive mass."""
-    residual_BV = jnp.maximum(weight_B[:, None] * p_BV - q_BV, 0.0)
-    mass_B1 = jnp.sum(residual_BV, axis=-1, keepdims=True)
-    return jnp.where(mass_B1 > 0, residual_BV / jnp.where(mass_B1 > 0, mass_B1, 1.0), p_BV)
+    """normalise((w p - q)+), the token rule's residual with the running weight w
+    (`specjax.rejection.residual_distribution`)."""
+    return residual_distribution(p_BV, q_BV, weight_B)
 
 
 def accept_block(key_accept: Key[Array, ""], key_resample: Key[Array, ""],

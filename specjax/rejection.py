@@ -46,10 +46,14 @@ def _within_limit(accepted_BK: Array, limit_B: Array | None) -> Array:
     return accepted_BK & (jnp.arange(accepted_BK.shape[1])[None] < limit_B[:, None])
 
 
-def residual_distribution(p_BV: Array, q_BV: Array) -> Array:
-    """normalise((p - q)+) in float32. When float rounding leaves no positive mass (p and
+def residual_distribution(p_BV: Array, q_BV: Array, weight_B: Array | None = None) -> Array:
+    """normalise((w p - q)+) in float32 (w = 1 unless `weight_B` is given: block
+    verification's running weight). When float rounding leaves no positive mass (p and
     q equal up to rounding, where a rejection has probability ~0) it falls back to p."""
-    residual = jnp.maximum(p_BV.astype(jnp.float32) - q_BV.astype(jnp.float32), 0.0)
+    scaled_BV = p_BV.astype(jnp.float32)
+    if weight_B is not None:
+        scaled_BV = weight_B[:, None] * scaled_BV
+    residual = jnp.maximum(scaled_BV - q_BV.astype(jnp.float32), 0.0)
     mass = jnp.sum(residual, axis=-1, keepdims=True)
     return jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_BV)
 
