@@ -38,8 +38,7 @@ class TypicalAcceptance:
     epsilon: float = 0.09
     delta: float = 0.3
 
-    exact = False
-    name = "typical (not exact)"
+    name = "typical (not exact)"  # how stats and the command line name it
 
     def __post_init__(self):
         for field in ("epsilon", "delta"):
