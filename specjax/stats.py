@@ -31,7 +31,8 @@ class SpeculativeStats:
     target_forwards / draft_forwards: per row, while the row was running (prefill
     excluded); emitted / proposed / accepted / checked: per-row counts; num_steps:
     batched verify forwards run.
-    verification: the rule the steps ran ("block", "token", "typical (not exact)": see
+    verification: the rule the steps ran ("block", "traversal", "token", "typical (not
+      exact)": see
       specjax.verification), or None when unknown (stats built from counts, or merged
       from runs under different rules).
     """

@@ -58,8 +58,8 @@ class SpeculativeConfig:
       parents), a `TreeBudget` (a drafter that builds its own tree per row by its own
       rule: retrieval, lookahead), or None for a chain of K drafts (the fast path).
     verification: the rule that decides what a step keeps (specjax.verification): "block"
-      (chains), "token", or `TypicalAcceptance(...)` (NOT exact); None takes the best
-      exact rule for the shape ("block" for a chain, "token" for a tree).
+      (chains), "traversal", "token", or `TypicalAcceptance(...)` (NOT exact); None takes
+      the best exact rule for the shape ("block" for a chain, "traversal" for a tree).
     """
 
     num_draft_tokens: int

@@ -48,7 +48,7 @@ class TreeAcceptance:
     next_token: Int[Array, " B"]
 
 
-def _without(p_BV: Array, token_B: Array) -> Array:
+def without_token(p_BV: Array, token_B: Array) -> Array:
     """p with one token zeroed and renormalised (the residual of a one-hot q); p itself
     when nothing is left (then the token had probability 1 and was never rejected)."""
     vocab = p_BV.shape[-1]
@@ -93,7 +93,7 @@ def accept_tree_sampled(key_accept: Key[Array, ""], key_resample: Key[Array, ""]
             p_x_B = p_BV[rows_B, token_B]
             if q_BNV is None:
                 accept_B = uniform_BN[rows_B, safe_B] < p_x_B
-                residual_BV = _without(p_BV, token_B)
+                residual_BV = without_token(p_BV, token_B)
             else:
                 q_BV = q_BNV[rows_B, safe_B].astype(jnp.float32)
                 accept_B = uniform_BN[rows_B, safe_B] * q_BV[rows_B, token_B] < p_x_B

@@ -6,8 +6,11 @@ One name for every decoder (`speculative_generate`, `speculative_stream`,
 
 - "block": block verification (Sun et al., ICLR 2025; specjax.block_verification). Judges
   a chain jointly; exact, and never accepts fewer tokens than "token" in expectation.
-  Chains only: a tree is refused by name (traversal verification, its tree form, is not
-  implemented).
+  Chains only: a tree is refused by name (its tree form is "traversal").
+- "traversal": traversal verification (Weng et al., NeurIPS 2025;
+  specjax.traversal_verification). Judges a tree leaf to root with block verification's
+  running weight; exact. On a chain it IS block verification (the step runs
+  `accept_block`, and the stats name "traversal").
 - "token": token-level rejection sampling, the first rejection ends the step (Leviathan
   et al. / Chen et al. for chains, specjax.rejection; recursive rejection sampling for
   trees, specjax.tree_acceptance). Exact. The rule of specjax before block verification:
@@ -16,9 +19,9 @@ One name for every decoder (`speculative_generate`, `speculative_stream`,
   (specjax.typical_acceptance). NOT EXACT: a labelled lossy mode, never a default.
 
 The default (None) is the exact rule that accepts the most for the proposal shape:
-"block" for a chain, "token" for a tree. At temperature 0 every rule accepts exactly the
-drafts equal to the target's argmax and emits the argmax: an all-greedy batch takes the
-argmax rules whichever rule is named. The rule is part of the compiled step (static);
+"block" for a chain, "traversal" for a tree. At temperature 0 every rule accepts exactly
+the drafts equal to the target's argmax and emits the argmax: an all-greedy batch takes
+the argmax rules whichever rule is named. The rule is part of the compiled step (static);
 the sampling values stay data.
 """
 
@@ -29,6 +32,7 @@ from jax import Array
 
 from specjax.block_verification import accept_block
 from specjax.rejection import Acceptance, accept_sampled
+from specjax.traversal_verification import accept_traversal
 from specjax.tree_acceptance import TreeAcceptance, accept_tree_sampled
 from specjax.typical_acceptance import (
     TypicalAcceptance,
@@ -36,7 +40,7 @@ from specjax.typical_acceptance import (
     accept_typical_tree,
 )
 
-EXACT_RULES = ("block", "token")
+EXACT_RULES = ("block", "traversal", "token")
 
 Verification = str | TypicalAcceptance
 
@@ -45,17 +49,18 @@ def resolve_verification(verification: Verification | None, tree) -> Verificatio
     """The rule a step runs: `verification` checked against the proposal shape (`tree`
     None for a chain), None replaced by the shape's default."""
     if verification is None:
-        return "block" if tree is None else "token"
+        return "block" if tree is None else "traversal"
     if isinstance(verification, TypicalAcceptance):
         return verification
     if not isinstance(verification, str) or verification not in EXACT_RULES:
         raise ValueError(f"verification must be one of {', '.join(map(repr, EXACT_RULES))}, "
-                         "None (the default: 'block' for a chain, 'token' for a tree) or "
+                         "None (the default: 'block' for a chain, 'traversal' for a tree) or "
                          f"specjax.TypicalAcceptance(epsilon, delta); got {verification!r}")
     if verification == "block" and tree is not None:
         raise ValueError("verification='block' judges a chain of drafts; this step verifies "
-                         "a tree: pass verification='token' (recursive rejection sampling) "
-                         "or None (the best exact rule for the shape), or tree=None")
+                         "a tree: pass verification='traversal' (block verification's tree "
+                         "form) or 'token' (recursive rejection sampling), or None (the best "
+                         "exact rule for the shape)")
     return verification
 
 
@@ -78,7 +83,7 @@ def verify_chain(rule: Verification, keys: tuple[Array, Array], tokens_BK: Array
     """A chain under `rule`, for a batch with sampled rows (warped p; greedy rows one-hot)."""
     if isinstance(rule, TypicalAcceptance):
         return accept_typical_chain(keys[1], tokens_BK, p_BK1V, rule, limit_B)
-    if rule == "block":
+    if rule in ("block", "traversal"):  # a chain's traversal is block verification
         return accept_block(*keys, tokens_BK, q_BKV, p_BK1V, limit_B)
     return accept_sampled(*keys, tokens_BK, q_BKV, p_BK1V, limit_B)
 
@@ -86,10 +91,14 @@ def verify_chain(rule: Verification, keys: tuple[Array, Array], tokens_BK: Array
 def verify_tree(rule: Verification, keys: tuple[Array, Array], tokens_BN: Array,
                 parents_BN: Array, p_BN1V: Array, q_BNV: Array | None, *, max_depth: int,
                 max_branching: int, never_accept_BN: Array | None) -> TreeAcceptance:
-    """A tree under `rule` ("token" or typical; see `resolve_verification`)."""
+    """A tree under `rule` ("traversal", "token" or typical; see `resolve_verification`)."""
     if isinstance(rule, TypicalAcceptance):
         return accept_typical_tree(keys[1], tokens_BN, parents_BN, p_BN1V, rule,
                                    max_depth=max_depth, never_accept_BN=never_accept_BN)
+    if rule == "traversal":
+        return accept_traversal(*keys, tokens_BN, parents_BN, p_BN1V, q_BNV,
+                                max_depth=max_depth, max_branching=max_branching,
+                                never_accept_BN=never_accept_BN)
     return accept_tree_sampled(*keys, tokens_BN, parents_BN, p_BN1V, q_BNV,
                                max_depth=max_depth, max_branching=max_branching,
                                never_accept_BN=never_accept_BN)

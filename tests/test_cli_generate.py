@@ -47,9 +47,9 @@ def test_generate_json_speculative_equals_plain_greedy():
     tree_out = json.loads(tree.stdout)
     assert tree_out["tokens"] == plain_out["tokens"]
     assert tree_out["stats"]["nodes_per_step"] == 12
-    # The rule that ran: block for a chain, token for a tree, by default.
+    # The rule that ran: block for a chain, traversal for a tree, by default.
     assert spec_out["stats"]["verification"] == "block"
-    assert tree_out["stats"]["verification"] == "token"
+    assert tree_out["stats"]["verification"] == "traversal"
     # Greedy text is the same under every rule, the lossy one named as such.
     for rule, name in (["token"], "token"), (["typical", "--typical-epsilon", "0.2"],
                                               "typical (not exact)"):

@@ -9,9 +9,9 @@ top-k and top-p, while a greedy group (256 rows) follows the greedy continuation
 mixed batch equal `generate` (chain, static and dynamic trees). A drafter that
 misreports how its tree was drawn fails the chi-square test (the power check).
 
-Chains run block verification (their default rule); the entries named "token rule" run
-the token rule, trees run theirs (specjax.verification). A new drafter, proposal shape or
-verification rule joins by adding one entry to ENTRIES.
+Chains run block verification and trees traversal verification (their default rules);
+the entries named "token rule" run the token rule (specjax.verification). A new drafter,
+proposal shape or verification rule joins by adding one entry to ENTRIES.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Entry:
     slow_stats: bool = False
     stat_samplings: tuple = ("t1", "t0.7-topk4", "topp0.8")
     # The verification rule (specjax.verification); None: the shape's default ("block"
-    # for a chain, "token" for a tree).
+    # for a chain, "traversal" for a tree).
     verification: str | None = None
 
 
@@ -191,6 +191,14 @@ ENTRIES = {
     "draft model, chain, confidence threshold, token rule": Entry(
         lambda d, t: DraftModel(d, "sample", min_confidence=0.1), verification="token",
         slow_greedy=True, slow_stats=True),
+    # The token rule on trees (traversal verification is their default): sampled and
+    # top-k children.
+    "draft model, static tree, sampled, token rule": Entry(
+        lambda d, t: DraftModel(d, "sample"), None, STATIC_TREE, verification="token",
+        slow_greedy=True),
+    "draft model, dynamic tree, top-k, token rule": Entry(
+        lambda d, t: DraftModel(d), None, DYNAMIC_TREE, verification="token", slow_greedy=True,
+        slow_stats=True),
     # A repeating prompt, so that the lookup finds matches and drafts get accepted.
     "prompt lookup, chain": Entry(lambda d, t: PromptLookup(max_ngram_size=2),
                                   stat_prompt=(1, 5, 2, 1, 5, 2, 1)),

@@ -14,12 +14,16 @@ TREE = TreeShape.from_paths([[0], [1], [0, 0]])
 PROMPTS = [[1, 2, 3, 4, 1, 2], [7, 7], [30, 2, 5, 9, 11, 3]]
 
 
-def test_the_default_is_block_for_a_chain_and_token_for_a_tree():
+def test_the_default_is_block_for_a_chain_and_traversal_for_a_tree():
     assert SpeculativeConfig(num_draft_tokens=4).verification == "block"
-    assert SpeculativeConfig(num_draft_tokens=3, tree=TREE).verification == "token"
+    assert SpeculativeConfig(num_draft_tokens=3, tree=TREE).verification == "traversal"
     dynamic = DynamicTree(num_nodes=4, max_depth=2, top_k=2)
-    assert SpeculativeConfig(num_draft_tokens=4, tree=dynamic).verification == "token"
+    assert SpeculativeConfig(num_draft_tokens=4, tree=dynamic).verification == "traversal"
     assert SpeculativeConfig(num_draft_tokens=4, verification="token").verification == "token"
+    assert SpeculativeConfig(num_draft_tokens=3, tree=TREE,
+                             verification="token").verification == "token"
+    assert SpeculativeConfig(num_draft_tokens=4,
+                             verification="traversal").verification == "traversal"
     typical = TypicalAcceptance(epsilon=0.2, delta=0.5)
     assert resolve_verification(typical, TREE) == typical
     assert verification_name(typical) == "typical (not exact)"
@@ -27,7 +31,7 @@ def test_the_default_is_block_for_a_chain_and_token_for_a_tree():
 
 @pytest.mark.parametrize("verification,tree,message", [
     ("block", TREE, "judges a chain"),
-    ("traversal", None, "must be one of"),
+    ("Traversal", None, "must be one of"),
     ("Block", None, "must be one of"),
     (1, None, "must be one of"),
 ])
@@ -45,10 +49,10 @@ def test_typical_acceptance_refuses_parameters_outside_zero_one(settings):
 
 
 def test_decoders_refuse_block_verification_of_a_tree_before_any_work(tiny_lm, close_draft):
-    with pytest.raises(ValueError, match="verification='token'"):
+    with pytest.raises(ValueError, match="verification='traversal'"):
         specjax.speculative_generate(tiny_lm, close_draft, PROMPTS, max_new_tokens=4,
                                      tree=TREE, verification="block")
-    with pytest.raises(ValueError, match="verification='token'"):
+    with pytest.raises(ValueError, match="verification='traversal'"):
         next(specjax.speculative_stream(tiny_lm, close_draft, PROMPTS, max_new_tokens=4,
                                         tree=TREE, verification="block"))
 
@@ -82,6 +86,17 @@ def test_every_decoder_runs_the_rule_it_is_given_and_names_it(tiny_lm, close_dra
         stepped = specjax.SpeculativeStats.from_state(state)
         np.testing.assert_array_equal(stepped.emitted, out.stats.emitted)
         np.testing.assert_array_equal(stepped.accepted, out.stats.accepted)
+
+
+def test_traversal_of_a_chain_is_block_verification_and_named_as_asked(tiny_lm, close_draft):
+    """The same key, the same tokens: a chain's traversal runs block verification; the
+    stats name the rule the caller chose."""
+    runs = {rule: specjax.speculative_generate(
+        tiny_lm, DraftModel(close_draft, "sample"), PROMPTS, max_new_tokens=12,
+        num_draft_tokens=3, sampling=SamplingConfig(temperature=1.0), key=jax.random.key(7),
+        verification=rule) for rule in ("block", "traversal")}
+    np.testing.assert_array_equal(runs["traversal"].tokens, runs["block"].tokens)
+    assert runs["traversal"].stats.verification == "traversal"
 
 
 def test_greedy_decoding_is_the_same_under_every_rule(tiny_lm, close_draft):

@@ -119,13 +119,15 @@ def add_sampling(parser):
     parser.add_argument("--top-p", type=float, default=1.0,
                         help="keep the smallest most-probable set reaching this mass; 1.0 is "
                              "off (default: %(default)s)")
-    parser.add_argument("--verification", choices=["block", "token", "typical"], default=None,
+    parser.add_argument("--verification", choices=["block", "traversal", "token", "typical"],
+                        default=None,
                         help="how a step decides which drafts to keep: block (block "
-                             "verification, chains; exact), token (token-level rejection "
-                             "sampling, the rule of earlier releases; exact), typical "
-                             "(Medusa-2's typical acceptance: NOT EXACT, the output no "
-                             "longer follows the target) (default: block for a chain, token "
-                             "for a tree)")
+                             "verification, chains; exact), traversal (its form for token "
+                             "trees, leaf to root; on a chain the same as block; exact), "
+                             "token (token-level rejection sampling, the rule of earlier "
+                             "releases; exact), typical (Medusa-2's typical acceptance: NOT "
+                             "EXACT, the output no longer follows the target) (default: "
+                             "block for a chain, traversal for a tree)")
     parser.add_argument("--typical-epsilon", type=float, default=None, metavar="E",
                         help="--verification typical: the hard threshold (default: 0.09)")
     parser.add_argument("--typical-delta", type=float, default=None, metavar="D",
@@ -165,7 +167,8 @@ def rule_for(args, tree, drafts_own_tree: bool = False):
     if rule == "block" and (tree is not None or drafts_own_tree):
         raise CliError("--verification block judges a chain of drafts; this drafter verifies a "
                        "token tree (--dynamic-tree, lookahead, retrieval): pass --verification "
-                       "token, or leave it out (the best exact rule for the shape)")
+                       "traversal (its tree form) or token, or leave it out (the best exact "
+                       "rule for the shape)")
     return resolve_verification(rule, tree)
 
 
