@@ -20,6 +20,7 @@ _SOURCES = {
     "enable_compilation_cache": "specjax.compilation_cache",
     "DraftModel": "specjax.drafters",
     "PromptLookup": "specjax.drafters",
+    "ParallelDraft": "specjax.drafters",
     "Lookahead": "specjax.drafters",
     "LayerSkip": "specjax.drafters",
     "EarlyExit": "specjax.drafters",
@@ -67,6 +68,7 @@ __all__ = [
     "GenerateOutput",
     "LayerSkip",
     "Lookahead",
+    "ParallelDraft",
     "PromptLookup",
     "Retrieval",
     "SamplingConfig",
@@ -124,6 +126,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
         EarlyExit,
         LayerSkip,
         Lookahead,
+        ParallelDraft,
         PromptLookup,
         Retrieval,
     )

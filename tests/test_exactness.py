@@ -35,6 +35,7 @@ from specjax.drafters import (
     LayerSkip,
     Lookahead,
     Medusa,
+    ParallelDraft,
     Retrieval,
     eagle3_feature_layers,
 )
@@ -98,6 +99,22 @@ def reduced_draft(method: str):
         layers = tuple(range(sum(1 for _ in draft.params["layers"].keys())))
         return DraftModel(specjax_models.select_layers(draft, layers, ids), method,
                           draft_vocab=ids)
+
+    return make
+
+
+def parallel(method: str = "sample", reduced_vocab: bool = False,
+             min_confidence: float | None = None):
+    """The draft as a parallel draft (`ParallelDraft`), its last id the mask."""
+
+    def make(draft, target):
+        if not reduced_vocab:
+            return ParallelDraft(draft, mask_id=draft.vocab_size - 1, method=method,
+                                 min_confidence=min_confidence)
+        ids = np.arange(0, target.vocab_size, 2)
+        layers = tuple(range(sum(1 for _ in draft.params["layers"].keys())))
+        return ParallelDraft(specjax_models.select_layers(draft, layers, ids),
+                             mask_id=target.vocab_size - 1, method=method, draft_vocab=ids)
 
     return make
 
@@ -191,6 +208,19 @@ ENTRIES = {
     "draft model, chain, confidence threshold, token rule": Entry(
         lambda d, t: DraftModel(d, "sample", min_confidence=0.1), verification="token",
         slow_greedy=True, slow_stats=True),
+    # PARD: every draft of a step from one forward over [last committed, K - 1 masks]
+    # (the mask: the draft's last id; untrained for it, which exactness does not need).
+    "parallel draft, chain, sampled": Entry(parallel()),
+    "parallel draft, chain, argmax": Entry(parallel("greedy"), slow_greedy=True,
+                                           slow_stats=True),
+    "parallel draft, static tree, sampled": Entry(parallel(), None, STATIC_TREE,
+                                                  slow_greedy=True, slow_stats=True),
+    "parallel draft, dynamic tree, top-k": Entry(parallel(), None, DYNAMIC_TREE,
+                                                 slow_greedy=True, slow_stats=True),
+    "parallel draft, chain, reduced draft vocabulary": Entry(
+        parallel(reduced_vocab=True), slow_greedy=True, slow_stats=True),
+    "parallel draft, chain, confidence threshold": Entry(
+        parallel(min_confidence=0.1), slow_greedy=True, slow_stats=True),
     # The token rule on trees (traversal verification is their default): sampled and
     # top-k children.
     "draft model, static tree, sampled, token rule": Entry(

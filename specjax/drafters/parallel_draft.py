@@ -1,0 +1,241 @@
+"""A parallel draft (PARD, An et al., ICLR 2026, arXiv 2504.18583): K drafts in ONE draft
+forward.
+
+An autoregressive draft spends K forwards on K drafts. A parallel draft is an ordinary
+causal LM trained (`specjax.training.parallel`, `specjax train-drafter --method pard`) to
+read the committed text followed by K - 1 copies of a mask token and to predict, at the
+last committed token and at each mask, the next K tokens: draft j + 1 comes from the
+mask j places after the last committed token. Its draft cost does not grow with K (one
+forward over at most 2K tokens), and the draft is target-independent (AMD publishes PARD
+drafts for whole model families; `specjax_models.from_pretrained` reads their
+`pard_token`).
+
+Each step feeds one window of W = 2K slots (min(2K, cache capacity)) ending at the last
+mask: the committed tokens the draft has not seen (at most K + 1: the accepted drafts and
+the correction), re-fed committed tokens before them (their cache entries are rewritten
+with the same values), then the K - 1 masks. The cache then holds every committed token;
+the mask entries lie past the committed length, scratch that the next step's window
+overwrites, so a step needs no commit bookkeeping beyond that length.
+
+Drafts are sampled (q_j = the draft's warped distribution at position j: the drafts are
+drawn independently given the committed text, and q_j is exactly what draft j was drawn
+from) or greedy (argmax, one-hot q). Token trees: every node at depth d takes its
+children from the distribution at position d + 1 (sampled without replacement, or the
+top-k; `draw_children`), static (`TreeShape`) and EAGLE-2 dynamic trees (`DynamicTree`,
+scored along each path by those same distributions), still one forward. A reduced draft
+vocabulary (`draft_vocab`) and a confidence threshold (`min_confidence`) work as in
+`DraftModel`. Exact under every verification rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from specjax.causal_lm import CausalLM, prefill
+from specjax.drafters.base import (
+    Commit,
+    DraftContext,
+    Proposal,
+    check_min_confidence,
+    confident_drafts,
+    token_confidence,
+)
+from specjax.drafters.draft_model import DRAFT_METHODS, DraftModel, draw_children
+from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.sampling import SamplingConfig, SamplingParams, draw_with_q, tree_scores
+from specjax.sharding import place_like_target
+from specjax.trees import DynamicTree, TreeShape
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ParallelDraftState:
+    """cache: the draft's cache. cache_lengths: int32 [B], committed tokens in it."""
+
+    cache: Any
+    cache_lengths: Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
+class ParallelDraft:
+    """Draft K tokens in one forward of a parallel draft model (module docstring).
+
+    lm: the parallel draft, a causal LM sharing the target's tokenizer. mask_id: its mask
+      token (PARD's `pard_token`), an id of the draft's vocabulary. method: "sample"
+      (q = the warped draft distribution at each position) or "greedy" (argmax, one-hot
+      q); both exact. draft_vocab, min_confidence, max_vocab_padding: as in `DraftModel`.
+
+    A pytree: the draft's parameters (and draft_vocab) are its leaves, the rest static.
+    """
+
+    lm: CausalLM
+    mask_id: int = dataclasses.field(metadata={"static": True})
+    method: str = dataclasses.field(default="sample", metadata={"static": True})
+    _: dataclasses.KW_ONLY
+    max_vocab_padding: int = dataclasses.field(default=1024, metadata={"static": True})
+    draft_vocab: Array | None = None
+    min_confidence: float | None = dataclasses.field(default=None, metadata={"static": True})
+
+    def __post_init__(self):
+        if not isinstance(self.lm, CausalLM):
+            raise TypeError(f"ParallelDraft needs a specjax.CausalLM, got "
+                            f"{type(self.lm).__name__}")
+        if self.method not in DRAFT_METHODS:
+            raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
+        # With a reduced draft vocabulary the draft reads every target id: `check` bounds
+        # the mask by the target's vocabulary then.
+        bound = self.lm.vocab_size if self.draft_vocab is None else None
+        if (isinstance(self.mask_id, bool) or not isinstance(self.mask_id, int)
+                or self.mask_id < 0 or (bound is not None and self.mask_id >= bound)):
+            raise ValueError(f"mask_id must be a token id the draft reads, in [0, "
+                             f"{bound or 'the vocabulary size'}), got {self.mask_id!r} (a "
+                             "PARD checkpoint names it `pard_token` in its config.json)")
+        check_min_confidence(self.min_confidence)
+        if self.draft_vocab is not None and not isinstance(self.draft_vocab, jax.Array):
+            object.__setattr__(self, "draft_vocab", jnp.asarray(self.draft_vocab, jnp.int32))
+
+    @property
+    def _vocab(self) -> DraftModel:
+        """The draft's vocabulary handling (checks, logits over the target's ids)."""
+        return DraftModel(self.lm, self.method, max_vocab_padding=self.max_vocab_padding,
+                          draft_vocab=self.draft_vocab)
+
+    def placed_like(self, target: CausalLM) -> ParallelDraft:
+        """This drafter with its draft split over the target's mesh by the target's rules;
+        itself on one device."""
+        lm = place_like_target(self.lm, target)
+        return self if lm is self.lm else dataclasses.replace(self, lm=lm)
+
+    def with_method(self, method: str) -> ParallelDraft:
+        return dataclasses.replace(self, method=method)
+
+    def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
+        self._vocab.check(target, sampling)
+        if self.draft_vocab is not None and self.mask_id >= target.vocab_size:
+            raise ValueError(f"mask_id {self.mask_id} is not a target id (the draft reads "
+                             f"target ids, [0, {target.vocab_size}))")
+
+    @property
+    def graded_num_real(self) -> bool:
+        return self.min_confidence is not None
+
+    drafts_trees: ClassVar[bool] = True
+    drafts_dynamic_trees: ClassVar[bool] = True
+
+    def forwards_per_step(self, num_draft_tokens: int,
+                          tree: TreeShape | DynamicTree | None = None) -> int:
+        return 1  # the point: one draft forward whatever K or the tree
+
+    # -- traced ----------------------------------------------------------------------------
+    def init(self, prompt_tokens_BP: Array, prompt_lengths_B: Array,
+             capacity: int) -> ParallelDraftState:
+        batch = prompt_tokens_BP.shape[0]
+        cache = self.lm.init_cache(batch, capacity)
+        cache, cache_lengths, _, _ = prefill(self.lm, cache, self._vocab._clip(prompt_tokens_BP),
+                                          prompt_lengths_B, keep_hidden=False)
+        return ParallelDraftState(cache, cache_lengths.astype(jnp.int32))
+
+    def position_logits(self, state: ParallelDraftState, context: DraftContext,
+                        positions: int) -> tuple[Any, Array]:
+        """One forward: `(cache, logits f32 [B, positions, V_target])`, the draft's logits
+        for the next `positions` tokens (the last committed token, then positions - 1
+        masks)."""
+        lengths_B = context.lengths
+        capacity = context.sequence.shape[1]
+        width = min(2 * positions, capacity)
+        # The window ends at the last mask (lengths + positions - 2) and starts early enough
+        # to cover every committed token the cache lacks (at most positions + 1 of them).
+        start_B = jnp.clip(lengths_B + positions - 1 - width, 0, capacity - width)
+        slots_BW = start_B[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+        committed_BW = jnp.take_along_axis(context.sequence,
+                                           jnp.minimum(slots_BW, capacity - 1), axis=1)
+        tokens_BW = jnp.where(slots_BW < lengths_B[:, None], self._vocab._clip(committed_BW),
+                              self.mask_id)
+        logits_BWV, _, cache = self.lm.apply(tokens_BW, slots_BW, state.cache, start_B)
+        wanted_BK = (lengths_B - 1 - start_B)[:, None] + jnp.arange(positions)[None]
+        logits_BKV = jnp.take_along_axis(logits_BWV, wanted_BK[..., None], axis=1)
+        return cache, logits_BKV
+
+    def _target_logits(self, logits_BV: Array, vocab_size: int) -> Array:
+        return self._vocab.target_logits(logits_BV, vocab_size)
+
+    def propose(self, state: ParallelDraftState, context: DraftContext, key: Array, *,
+                num_draft_tokens: int, sampling: SamplingParams, vocab_size: int,
+                tree: TreeShape | DynamicTree | None = None
+                ) -> tuple[ParallelDraftState, Proposal]:
+        """K drafts per row from one forward (a chain), or the nodes of `tree`."""
+        depth = num_draft_tokens if tree is None else tree.max_depth
+        cache, logits_BKV = self.position_logits(state, context, depth)
+        new_state = ParallelDraftState(cache, context.lengths)
+        if isinstance(tree, DynamicTree):
+            return new_state, self._dynamic_tree(logits_BKV, tree, sampling, vocab_size)
+        if tree is not None:
+            return new_state, self._static_tree(key, logits_BKV, tree, sampling, vocab_size)
+        tokens, qs, confidence = [], [], []
+        for position, position_key in enumerate(jax.random.split(key, num_draft_tokens)):
+            logits_BV = self._target_logits(logits_BKV[:, position], vocab_size)
+            token_B, q_BV = draw_with_q(position_key, logits_BV, sampling,
+                                        deterministic=self.method == "greedy")
+            tokens.append(token_B)
+            qs.append(q_BV)
+            if self.min_confidence is not None:
+                confidence.append(token_confidence(logits_BV, token_B))
+        num_real_B = None
+        if self.min_confidence is not None:  # static
+            num_real_B = confident_drafts(jnp.stack(confidence, axis=1), self.min_confidence)
+        return new_state, Proposal(tokens=jnp.stack(tokens, axis=1), q=jnp.stack(qs, axis=1),
+                                   num_real=num_real_B)
+
+    def _static_tree(self, key: Array, logits_BDV: Array, tree: TreeShape,
+                     sampling: SamplingParams, vocab_size: int) -> Proposal:
+        """Every node of a static tree: the children of a depth-d node (the root: d = 0)
+        from the distribution at position d + 1, each parent's drawn on its own."""
+        batch, num_nodes = logits_BDV.shape[0], tree.num_nodes
+        children_of: dict[int, list[int]] = {}
+        for node, parent in enumerate(tree.parents):
+            children_of.setdefault(parent, []).append(node)
+        depth_of = {-1: 0, **{node: d for node, d in enumerate(tree.depths)}}
+        node_keys = jax.random.split(key, num_nodes + 1)
+        tokens_BN = jnp.zeros((batch, num_nodes), jnp.int32)
+        q_BNV = None if (self.method == "greedy" or sampling.greedy) else jnp.zeros(
+            (batch, num_nodes, vocab_size), jnp.float32)
+        never_BN = jnp.zeros((batch, num_nodes), bool)
+        for parent, nodes in children_of.items():  # static
+            index = jnp.asarray(nodes)
+            logits_BV = self._target_logits(logits_BDV[:, depth_of[parent]], vocab_size)
+            toks, qs, never = draw_children(node_keys[parent + 1], logits_BV, len(nodes),
+                                            sampling, deterministic=self.method == "greedy")
+            tokens_BN = tokens_BN.at[:, index].set(toks)
+            never_BN = never_BN.at[:, index].set(never)
+            if q_BNV is not None:
+                q_BNV = q_BNV.at[:, index].set(qs)
+        return Proposal(tokens=tokens_BN, q=q_BNV, never_accept=never_BN)
+
+    def _dynamic_tree(self, logits_BDV: Array, tree: DynamicTree, sampling: SamplingParams,
+                      vocab_size: int) -> Proposal:
+        """An EAGLE-2 tree per row (`specjax.dynamic_trees`), every frontier node at depth d
+        expanded from the distribution at position d + 1: no further forward."""
+        scores_BDV = jnp.stack([tree_scores(self._target_logits(logits_BDV[:, d], vocab_size),
+                                            sampling)
+                                for d in range(tree.max_depth)], axis=1)
+
+        def expand(carry, nodes: ExpandedNodes):
+            depth_B = nodes.depths[:, -1]  # the frontier's depth, the same across it
+            scores_BV = jnp.take_along_axis(scores_BDV, depth_B[:, None, None], axis=1)[:, 0]
+            return carry, jnp.broadcast_to(scores_BV[:, None],
+                                           (scores_BV.shape[0], tree.top_k, vocab_size))
+
+        _, tokens_BN, parents_BN = grow_dynamic_tree(tree, scores_BDV[:, 0], expand, None)
+        return Proposal(tokens=tokens_BN, q=None, parents=parents_BN)
+
+    def commit(self, state: ParallelDraftState, commit: Commit) -> ParallelDraftState:
+        # The cache holds the committed tokens up to the step's old length; the rest of the
+        # window (masks) is scratch that the next window rewrites.
+        return ParallelDraftState(state.cache,
+                                  jnp.minimum(state.cache_lengths, commit.new_lengths))
