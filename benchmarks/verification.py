@@ -263,8 +263,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--tv-rows", type=int, default=100_000)
     parser.add_argument("--tau-seeds", type=int, default=None,
-                        help="with --resume: measure every row's tau again over this many "
-                             "seeds (tau is cheap; the timings are kept)")
+                        help="with --resume: measure every chain row's tau again over this "
+                             "many seeds (with --trees: every tree row's; tau is cheap, the "
+                             "timings are kept)")
     parser.add_argument("--trees", action="store_true",
                         help="add the tree rows: token rule vs traversal verification")
     parser.add_argument("--smollm2", action="store_true",
@@ -284,7 +285,8 @@ def main() -> None:
                 if p["kind"] == "continue"]
     if args.tau_seeds:
         measured: dict = {}
-        for row in record["rows"]:
+        # With --trees, the tree rows are measured again; without, the chain rows.
+        for row in [] if args.trees else record["rows"]:
             key = (row["mode"], row["drafter"])
             if key not in measured:
                 sampling = MODES[row["mode"]]
@@ -301,7 +303,31 @@ def main() -> None:
             row["tau_spread"] = {rule: [min(values), max(values)]
                                  for rule, values in taus.items()}
             row["tau_gain"] = row["tau"]["block"] / row["tau"]["token"] - 1
-        record["tau_seeds"] = args.tau_seeds
+        if not args.trees:
+            record["tau_seeds"] = args.tau_seeds
+        if args.trees and record.get("tree_rows"):
+            medusa = specjax_models.load_bundled("medusa")
+            measured = {}
+            for row in record["tree_rows"]:
+                key = (row["mode"], row["drafter"])
+                if key not in measured:
+                    sampling = MODES[row["mode"]]
+                    drafter, k, tree = tree_drafters(draft, eagle3, medusa,
+                                                     sampling)[row["drafter"]]
+                    measured[key] = {rule: [run(target, drafter, held_out, k, sampling, rule,
+                                                args.new_tokens, seed, tree
+                                                ).stats.mean_accepted_length
+                                            for seed in range(args.tau_seeds)]
+                                     for rule in ("token", "traversal")}
+                    jax.clear_caches()
+                    print(row["mode"], row["drafter"], {r: median(v) for r, v in
+                                                        measured[key].items()}, flush=True)
+                taus = measured[key]
+                row["tau"] = {rule: median(values) for rule, values in taus.items()}
+                row["tau_spread"] = {rule: [min(values), max(values)]
+                                     for rule, values in taus.items()}
+                row["tau_gain"] = row["tau"]["traversal"] / row["tau"]["token"] - 1
+            record["tree_seeds"] = args.tau_seeds
         write_report(args, record)
     done = {(r["mode"], r["batch"], r["drafter"]) for r in record["rows"]}
     for mode, sampling in MODES.items():
@@ -320,7 +346,7 @@ def main() -> None:
     if args.trees:
         medusa = specjax_models.load_bundled("medusa")
         record.setdefault("tree_rows", [])
-        record["tree_seeds"] = args.seeds
+        record.setdefault("tree_seeds", args.seeds)
         record["tree_command"] = (f"`python -m benchmarks.verification --resume --trees "
                                   f"--reps {args.reps} --seeds {args.seeds} --new-tokens "
                                   f"{args.new_tokens} --batches "

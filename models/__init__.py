@@ -28,6 +28,8 @@ _SOURCES = {
     "load_tokenizer": "hf_tokenizer",
     "load_drafter": "published_drafters",
     "load_layer_draft": "layer_draft", "save_layer_draft": "layer_draft",
+    "load_parallel_draft": "parallel_drafts", "parallel_settings": "parallel_drafts",
+    "save_parallel_draft": "parallel_drafts",
     "shard": "sharded",
     "ByteTokenizer": "tokenizer",
     "KVCache": "transformer", "Transformer": "transformer", "TransformerConfig": "transformer",
@@ -62,9 +64,12 @@ __all__ = [
     "load_drafter",
     "load_head_for",
     "load_layer_draft",
+    "load_parallel_draft",
     "load_tokenizer",
+    "parallel_settings",
     "save_checkpoint",
     "save_layer_draft",
+    "save_parallel_draft",
     "save_pretrained",
     "select_layers",
     "shard",
@@ -95,6 +100,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from specjax_models.hf import from_pretrained, save_pretrained
     from specjax_models.hf_tokenizer import load_tokenizer
     from specjax_models.layer_draft import load_layer_draft, save_layer_draft
+    from specjax_models.parallel_drafts import (
+        load_parallel_draft,
+        parallel_settings,
+        save_parallel_draft,
+    )
     from specjax_models.published_drafters import load_drafter
     from specjax_models.tokenizer import ByteTokenizer
     from specjax_models.transformer import (

@@ -17,6 +17,10 @@ CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
 MODEL_NAMES = ("target", "draft")
 # Feature drafters of the target (and Kangaroo's adapter over its first blocks).
 HEAD_NAMES = ("medusa", "eagle", "eagle3", "mtp", "kangaroo")
+# The draft adapted into a parallel draft (PARD; specjax.drafters.ParallelDraft).
+PARALLEL_NAME = "parallel"
+# Its mask token: byte 0xFF, which never occurs in UTF-8 text.
+PARALLEL_MASK_ID = 255
 # Drafters for SmolLM2-135M-Instruct shipped with the package (see their MODEL_CARDs): an
 # EAGLE-3 head, a Kangaroo adapter and a distilled layer draft (specjax_models.recipes
 # trains them).
@@ -25,7 +29,7 @@ SMOLLM2_KANGAROO = CHECKPOINTS / "smollm2_kangaroo"
 SMOLLM2_DRAFT = CHECKPOINTS / "smollm2_draft"
 # SmolLM2's own answers as a retrieval datastore (specjax_models.recipes.smollm2_datastore).
 SMOLLM2_DATASTORE = CHECKPOINTS / "smollm2_datastore.npz"
-NAMES = MODEL_NAMES + HEAD_NAMES
+NAMES = MODEL_NAMES + HEAD_NAMES + (PARALLEL_NAME,)
 
 TARGET_CONFIG = TransformerConfig(vocab_size=VOCAB_SIZE, num_layers=6, d_model=256,
                                   num_heads=8, num_kv_heads=4, d_ff=768, max_seq_len=2048,
@@ -49,8 +53,17 @@ def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
     or a trained feature drafter of the bundled target ("medusa", "eagle", "eagle3",
     "mtp": a `specjax.drafters.Medusa` / `Eagle` sharing the float32 target's embedding and
     LM head; "kangaroo": a `specjax.drafters.EarlyExit` adapter over its first 2 blocks;
+    "parallel": the draft adapted into a `specjax.drafters.ParallelDraft`, PARD;
     `draft_method` "sample" or "greedy", default each drafter's)."""
     path = bundled_path(name)
+    if name == PARALLEL_NAME:
+        if not (path / "parallel.json").exists():
+            raise FileNotFoundError(
+                f"the bundled parallel draft is missing at {path}; train it with `specjax "
+                f"train-drafter --method pard --out {path}`")
+        from specjax_models.parallel_drafts import load_parallel_draft
+
+        return load_parallel_draft(path, draft_method or "sample", dtype)
     if name in HEAD_NAMES:
         from specjax_models.heads import load_head_for
 

@@ -9,6 +9,12 @@ tau / (K c + v).
 Block verification keeps more than the token rule from the same drafts: its
 per-position rates come from `block_acceptance_by_position(p, q, K)` (exact for i.i.d.
 drafts), and tau = 1 + their sum.
+
+A parallel draft (PARD, `specjax.drafters.ParallelDraft`) drafts all K tokens in one
+forward whose cost C(K) hardly grows with K where the forward is memory-bound, but its
+later offsets guess from fewer tokens, so the acceptance differs per offset:
+`parallel_ideal_speedup(alphas, C, v)` = tau / (C + v) with tau = 1 + sum_j prod_{i<=j}
+alpha_i.
 """
 
 from __future__ import annotations
@@ -104,6 +110,26 @@ def ideal_speedup(alpha, num_draft_tokens, cost_ratio, verify_cost_ratio=1.0):
     k = _check_k(num_draft_tokens)
     return expected_tokens_per_forward(alpha, k) / (k * np.asarray(cost_ratio)
                                                     + np.asarray(verify_cost_ratio))
+
+
+def expected_tokens_by_position(alphas) -> float:
+    """tau = 1 + sum_j prod_{i<=j} alpha_i: the token rule's expected tokens per step when
+    offset i's draft is accepted with its own rate alpha_i (a parallel draft's)."""
+    alphas = _check_alpha(alphas)
+    if alphas.ndim != 1 or alphas.size < 1:
+        raise ValueError(f"alphas must be a 1-D sequence of per-offset rates, got shape "
+                         f"{alphas.shape}")
+    return float(1.0 + np.sum(np.cumprod(alphas)))
+
+
+def parallel_ideal_speedup(alphas, block_cost_ratio, verify_cost_ratio=1.0) -> float:
+    """tau / (C + v) for K = len(alphas) drafts from ONE draft forward costing C target
+    steps (the whole block's cost, measured: it does not grow like K c), per-offset
+    acceptance `alphas`, and a (K+1)-token verify costing v."""
+    if not block_cost_ratio >= 0 or not verify_cost_ratio > 0:
+        raise ValueError("block_cost_ratio must be >= 0 and verify_cost_ratio > 0, got "
+                         f"{block_cost_ratio} and {verify_cost_ratio}")
+    return expected_tokens_by_position(alphas) / (block_cost_ratio + verify_cost_ratio)
 
 
 def best_num_draft_tokens(alpha: float, cost_ratio: float, verify_cost_ratio: float = 1.0,

@@ -27,7 +27,25 @@ def test_ideal_speedup_and_best_k():
     assert analysis.best_num_draft_tokens(0.3, 0.5)[0] == 1  # a poor, costly draft: K=1
 
 
+def test_parallel_speedup_is_the_chain_model_with_a_block_cost():
+    """Equal per-offset rates and a block costing K c: the autoregressive formula; a
+    block costing one forward's c instead: K times less drafting in the denominator."""
+    alphas = [0.8] * 6
+    assert analysis.expected_tokens_by_position(alphas) == pytest.approx(
+        analysis.expected_tokens_per_forward(0.8, 6))
+    assert analysis.parallel_ideal_speedup(alphas, 6 * 0.1, 1.0) == pytest.approx(
+        analysis.ideal_speedup(0.8, 6, 0.1))
+    assert analysis.parallel_ideal_speedup(alphas, 0.12, 1.0) == pytest.approx(
+        analysis.expected_tokens_per_forward(0.8, 6) / 1.12)
+    assert analysis.expected_tokens_by_position([0.9, 0.5, 0.0, 1.0]) == pytest.approx(
+        1 + 0.9 + 0.45)
+
+
 @pytest.mark.parametrize("call", [
+    lambda: analysis.expected_tokens_by_position([0.5, 1.5]),
+    lambda: analysis.expected_tokens_by_position([]),
+    lambda: analysis.parallel_ideal_speedup([0.5], -0.1),
+    lambda: analysis.parallel_ideal_speedup([0.5], 0.1, 0.0),
     lambda: analysis.expected_tokens_per_forward(1.2, 3),
     lambda: analysis.expected_tokens_per_forward(0.5, 0),
     lambda: analysis.ideal_speedup(0.5, 3, -1.0),

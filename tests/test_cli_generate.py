@@ -181,11 +181,19 @@ def test_the_target_drafting_for_itself_gives_plain_greedy_text():
     (["--skip", "1"], "--skip needs --drafter layer-skip"),
     (["--drafter", "layer-skip", "--skip", "1,x"], "--skip takes block indices"),
     (["--drafter", "lookahead", "--adaptive-length"], "--adaptive-length sets the length"),
-    (["--verification", "block", "--dynamic-tree", "8,3,2"], "pass --verification token"),
-    (["--verification", "block", "--drafter", "retrieval"], "pass --verification token"),
+    (["--verification", "block", "--dynamic-tree", "8,3,2"],
+     "pass --verification traversal (its tree form) or token"),
+    (["--verification", "block", "--drafter", "retrieval"],
+     "pass --verification traversal (its tree form) or token"),
     (["--typical-delta", "0.2"], "add --verification typical (which is not exact)"),
     (["--verification", "typical", "--typical-epsilon", "1.5"], "numbers in (0, 1)"),
-    (["--verification", "traversal"], "invalid choice: 'traversal'"),
+    (["--verification", "Traversal"], "invalid choice: 'Traversal'"),
+    (["--drafter", "parallel", "--model", "smollm2"],
+     "only the bundled pair ships a parallel draft"),
+    (["--drafter", "parallel", "--draft", "models/checkpoints/draft"],
+     "is not a parallel draft: its config.json has no 'pard_token'"),
+    (["--drafter", "parallel", "--dynamic-tree", "8,3,2", "--min-confidence", "0.3"],
+     "--min-confidence is for chains"),
 ])
 def test_self_speculation_options_are_checked_before_loading(options, message):
     out = run_cli("generate", "x", *options)

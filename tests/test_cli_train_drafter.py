@@ -53,3 +53,50 @@ def test_train_drafter_help_shows_each_models_defaults():
     out = run_cli("train-drafter", "--help")
     assert out.returncode == 0 and "default: None" not in out.stdout
     assert "1500 bundled, 600 smollm2" in " ".join(out.stdout.split())
+
+
+@pytest.mark.slow
+def test_train_a_parallel_draft_then_generate_with_it(tmp_path):
+    """`train-drafter --method pard` adapts the bundled draft into a parallel draft that
+    `generate --drafter parallel --draft OUT` decodes with, greedy output equal to plain
+    decoding; a resumed run continues it."""
+    data = tmp_path / "corpus"
+    corpus.build_corpus(max_files=30).save(data)
+    out = tmp_path / "pard"
+    common = ["--method", "pard", "--out", str(out), "--sequences", "16", "--seq-len", "40",
+              "--prompt-len", "16", "--batch-size", "8", "--eval-batches", "1",
+              "--eval-every", "2", "--log-every", "1", "--positions", "4", "--aligned",
+              "--corpus", str(data)]
+    first = run_cli("train-drafter", "--steps", "2", *common)
+    assert first.returncode == 0, first.stderr
+    assert "acceptance@4" in first.stdout and "expected_accepted" in first.stdout
+    resumed = run_cli("train-drafter", "--steps", "3", *common)
+    assert "resuming from step 2 of 3" in resumed.stderr, resumed.stderr
+    assert json.loads((out / "parallel.json").read_text()) == {"mask_id": 255,
+                                                                "positions": 4}
+    prompt = "def parse(source):\n    "
+    spec = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--drafter",
+                   "parallel", "--draft", str(out), "--num-draft-tokens", "4")
+    plain = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--no-speculation")
+    assert spec.returncode == 0, spec.stderr
+    assert json.loads(spec.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
+    stats = json.loads(spec.stdout)["stats"]
+    assert stats["draft_forwards"] == stats["target_forwards"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--mask-id", "259"], "--mask-id 259 is outside the draft's vocabulary"),
+    (["--positions", "0"], "--positions must be an int in [1, 64]"),
+    (["--cod-ratio", "1.5"], "--cod-ratio must be a number in (0, 1]"),
+])
+def test_parallel_training_refuses_bad_settings_before_any_data(tmp_path, args, message):
+    out = run_cli("train-drafter", "--method", "pard", "--out", str(tmp_path / "p"), *args)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert not (tmp_path / "p" / "data.npz").exists()
+
+
+def test_draft_is_for_parallel_training_only(tmp_path):
+    out = run_cli("train-drafter", "--method", "eagle3", "--draft", str(tmp_path),
+                  "--out", str(tmp_path / "h"))
+    assert out.returncode == 2 and "--draft is the draft model --method pard adapts" in \
+        out.stderr

@@ -47,7 +47,7 @@ def register(sub) -> None:
                          "draft from `specjax train-drafter --model smollm2 --method draft` "
                          "(default: none, prompt lookup drafts)")
     ch.add_argument("--drafter", choices=["model", "prompt-lookup", "lookahead", "retrieval",
-                                          "layer-skip", "eagle3", "kangaroo"],
+                                          "layer-skip", "eagle3", "kangaroo", "parallel"],
                     default=None,
                     help="default: prompt-lookup (model when --draft is given); model: "
                          "SmolLM2's shipped distilled layer draft, or --draft DIR; lookahead: "
@@ -56,7 +56,8 @@ def register(sub) -> None:
                          "this chat's earlier replies; layer-skip: SmolLM2 drafting for "
                          "itself without the --skip blocks; eagle3: SmolLM2's shipped "
                          "EAGLE-3 head, or --head DIR; kangaroo: SmolLM2's shipped Kangaroo "
-                         "adapter over its first 2 blocks, or --head DIR")
+                         "adapter over its first 2 blocks, or --head DIR; parallel: a parallel "
+                         "draft (PARD) sharing SmolLM2's tokenizer, --draft DIR")
     ch.add_argument("--head", default=None,
                     help="an EAGLE-3 head or a Kangaroo adapter trained on SmolLM2 (specjax "
                          "train-drafter --model smollm2; default: the shipped one of "

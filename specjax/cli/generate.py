@@ -26,6 +26,7 @@ from specjax.cli.common import (
 from specjax.cli.loading import (
     HEAD_CHOICES,
     MODEL_FREE_CHOICES,
+    PARALLEL,
     SELF_CHOICES,
     load_pair,
     search_layer_skip,
@@ -47,8 +48,10 @@ def register(sub) -> None:
                      help="target checkpoint directory (default: the bundled target)")
     gen.add_argument("--draft", default=None,
                      help="draft checkpoint directory, or with --model smollm2 a layer "
-                          "draft from `specjax train-drafter --method draft` (default: the "
-                          "bundled draft; smollm2: its shipped distilled draft)")
+                          "draft from `specjax train-drafter --method draft`; with --drafter "
+                          "parallel a parallel draft (a published PARD checkpoint, or "
+                          "`specjax train-drafter --method pard`) (default: the bundled "
+                          "draft; smollm2: its shipped distilled draft)")
     gen.add_argument("--num-draft-tokens", type=int, default=None,
                      help="K, drafts verified per target forward (default: 6; Medusa: its "
                           "number of heads)")
@@ -80,9 +83,11 @@ def register(sub) -> None:
                      help="smollm2 and --hf: continue the prompt as raw text, no chat "
                           "template")
     gen.add_argument("--drafter", choices=["model", "prompt-lookup", *MODEL_FREE_CHOICES,
-                                           *SELF_CHOICES, *HEAD_CHOICES],
+                                           *SELF_CHOICES, *HEAD_CHOICES, PARALLEL],
                      default=None,
-                     help="the draft model, n-gram lookup in the prompt and output, "
+                     help="the draft model, a parallel draft (parallel: PARD, every draft "
+                          "of a step from one draft forward; the bundled pair's, or --draft "
+                          "DIR), n-gram lookup in the prompt and output, "
                           "lookahead (Jacobi) decoding, retrieval from a datastore and the "
                           "row's own text (both model-free token trees), the target itself "
                           "with --skip blocks skipped (layer-skip), or a "

@@ -14,6 +14,7 @@ from specjax.cli.common import CliError, check_dir, rule_for, scan_layers, verif
 HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp", "kangaroo")
 MODEL_FREE_CHOICES = ("lookahead", "retrieval")
 SELF_CHOICES = ("layer-skip",)
+PARALLEL = "parallel"  # a parallel draft (PARD): --draft DIR, or the bundled pair's
 PUBLISHED = "published"  # --drafter-dir: a downloaded EAGLE / Medusa head
 
 
@@ -84,6 +85,7 @@ def validate_decoding(args):
                                       min_ngram_size=args.min_ngram_size)
     except ValueError as error:  # the library's own messages, with the option's name
         raise CliError(str(error).replace("num_draft_tokens", "--num-draft-tokens")) from None
+    check_parallel_options(args)
     tree = parse_tree(args)
     args.verification_rule = verification_rule(args)
     rule_for(args, tree, drafts_own_tree=drafter_choice(args) in MODEL_FREE_CHOICES)
@@ -107,6 +109,39 @@ def check_published_options(args) -> None:
                         or getattr(args, "head", None)):
         raise CliError("--drafter-dir names the drafter (a published EAGLE-1/2/3 or Medusa-1 "
                        "head); drop --drafter / --draft / --head")
+
+
+def check_parallel_options(args) -> None:
+    """--drafter parallel: --draft DIR must be a parallel draft (PARD's `pard_token`, or
+    ours), and a target other than the bundled one needs one."""
+    if drafter_choice(args) != PARALLEL:
+        return
+    if args.draft:
+        from specjax_models.parallel_drafts import parallel_settings
+
+        try:
+            parallel_settings(args.draft)
+        except (ValueError, FileNotFoundError) as error:
+            raise CliError(f"--draft {args.draft}: {error}") from None
+    elif args.model != "bundled" or args.target or getattr(args, "hf", None):
+        raise CliError("--drafter parallel: only the bundled pair ships a parallel draft; pass "
+                       "--draft DIR with one for this target (a published PARD checkpoint, "
+                       "or `specjax train-drafter --method pard --draft DRAFT --out DIR`)")
+
+
+def load_parallel(args, target, sampling):
+    """The parallel draft of --draft DIR, else the bundled pair's, checked against the
+    target."""
+    import specjax_models
+
+    method = "greedy" if args.greedy_draft else "sample"
+    try:
+        drafter = (specjax_models.load_parallel_draft(args.draft, method) if args.draft
+                   else specjax_models.load_bundled("parallel", draft_method=method))
+        drafter.check(target, sampling)
+    except (ValueError, FileNotFoundError) as error:
+        raise CliError(f"--drafter parallel: {error}") from None
+    return drafter
 
 
 def load_hf(directory: str, mesh=None, scan: bool = False):
@@ -235,10 +270,10 @@ def check_min_confidence(args, tree) -> None:
         check_min_confidence(value)
     except ValueError as error:
         raise CliError(str(error).replace("min_confidence", "--min-confidence")) from None
-    if drafter_choice(args) not in ("model", "eagle", "eagle3", "mtp", "kangaroo",
+    if drafter_choice(args) not in ("model", "eagle", "eagle3", "mtp", "kangaroo", PARALLEL,
                                     *SELF_CHOICES):
         raise CliError("--min-confidence needs a drafter that scores its drafts (--drafter "
-                       "model, eagle, eagle3, mtp, kangaroo or layer-skip)")
+                       "model, eagle, eagle3, mtp, kangaroo, parallel or layer-skip)")
     if tree is not None:
         raise CliError("--min-confidence is for chains (each step verifies its confident "
                        "drafts); a --dynamic-tree already keeps the likeliest nodes")
@@ -252,7 +287,7 @@ def parse_tree(args):
 
     if drafter_choice(args) in ("prompt-lookup", *MODEL_FREE_CHOICES) or args.no_speculation:
         raise CliError("--dynamic-tree needs a drafter that scores tokens (--drafter model, "
-                       "medusa, eagle, eagle3 or mtp; speculation on)")
+                       "parallel, medusa, eagle, eagle3 or mtp; speculation on)")
     parts = args.dynamic_tree.split(",")
     if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
         raise CliError(f"--dynamic-tree takes NODES,DEPTH,TOP_K (three integers, e.g. "
@@ -376,6 +411,8 @@ def load_pair(args, sampling, lookup, speculative: bool):
         drafter = lookup
     elif speculative and choice in MODEL_FREE_CHOICES:
         drafter = load_model_free(args, choice, target, sampling)
+    elif speculative and choice == PARALLEL:
+        drafter = load_parallel(args, target, sampling)
     elif speculative and choice in SELF_CHOICES:
         skip = parse_skip(args.skip)
         if skip == "auto":  # searched on the prompt by the command (search_layer_skip)

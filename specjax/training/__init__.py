@@ -21,7 +21,8 @@ drafters: Medusa, EAGLE-1, EAGLE-3 and MTP heads, by self-distillation, `train_h
 `cached` (`distill_cached`: a draft model distilled from those cached outputs, over a
 reduced vocabulary if it has one, with frozen parameter groups such as a shared
 embedding), `online` (`OnlineDistiller`: online speculative decoding, the draft learning
-from the traffic it serves, between calls).
+from the traffic it serves, between calls), `parallel` (`train_parallel`: a draft adapted
+into a parallel draft, PARD, with conditional drop tokens).
 """
 
 from specjax.training.cached import DISTILL_KEYS, distill_cached, soft_label_terms

@@ -214,7 +214,10 @@ def train_parallel(draft: CausalLM, data: Mapping, config: TrainConfig,
     """Adapt `draft` into a parallel draft on cached target outputs (`data` and each
     `heldout` batch: DISTILL_KEYS arrays, as `specjax.training.distill_cached` takes).
     Each step packs its batch with a fresh COD layout, a pure function of (seed, step);
-    held-out batches use fixed layouts. Same loop, checkpoints and exact resume as
+    held-out batches use fixed layouts. The packed forward must attend in one block
+    (`sum(parallel.kept(T))` slots; for a specjax_models draft,
+    `specjax_models.with_attention_blocks(draft, block_size=S, query_block=S)`): a loop
+    over key blocks cannot be differentiated. Same loop, checkpoints and exact resume as
     `distill_cached`; the history records `acceptance@c` per offset and
     `expected_accepted` at each evaluation."""
     if not isinstance(draft, CausalLM):
