@@ -255,6 +255,28 @@ def write_report(args, record: dict) -> None:
     write_results(NAME, record, "\n".join(lines) + "\n")
 
 
+def remeasure_taus(rows: list, rules: tuple, args, drafters_for, target, held_out) -> None:
+    """Every row's tau again over `args.tau_seeds` seeds (in place; timings kept):
+    `drafters_for(sampling)` maps a row's drafter label to (drafter, K, tree)."""
+    measured: dict = {}
+    before, after = rules
+    for row in rows:
+        key = (row["mode"], row["drafter"])
+        if key not in measured:
+            sampling = MODES[row["mode"]]
+            drafter, k, tree = drafters_for(sampling)[row["drafter"]]
+            measured[key] = {rule: [run(target, drafter, held_out, k, sampling, rule,
+                                        args.new_tokens, seed, tree).stats.mean_accepted_length
+                                    for seed in range(args.tau_seeds)] for rule in rules}
+            jax.clear_caches()
+            print(row["mode"], row["drafter"], {r: median(v) for r, v in
+                                                measured[key].items()}, flush=True)
+        taus = measured[key]
+        row["tau"] = {rule: median(values) for rule, values in taus.items()}
+        row["tau_spread"] = {rule: [min(values), max(values)] for rule, values in taus.items()}
+        row["tau_gain"] = row["tau"][after] / row["tau"][before] - 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
@@ -284,50 +306,20 @@ def main() -> None:
     held_out = [tok.encode(p["text"]) for p in specjax_models.bundled_prompts()
                 if p["kind"] == "continue"]
     if args.tau_seeds:
-        measured: dict = {}
         # With --trees, the tree rows are measured again; without, the chain rows.
-        for row in [] if args.trees else record["rows"]:
-            key = (row["mode"], row["drafter"])
-            if key not in measured:
-                sampling = MODES[row["mode"]]
-                drafter, k = chain_drafters(draft, eagle3, sampling)[row["drafter"]]
-                measured[key] = {rule: [run(target, drafter, held_out, k, sampling, rule,
-                                            args.new_tokens, seed).stats.mean_accepted_length
-                                        for seed in range(args.tau_seeds)]
-                                 for rule in ("token", "block")}
-                jax.clear_caches()
-                print(row["mode"], row["drafter"], {r: median(v) for r, v in
-                                                    measured[key].items()}, flush=True)
-            taus = measured[key]
-            row["tau"] = {rule: median(values) for rule, values in taus.items()}
-            row["tau_spread"] = {rule: [min(values), max(values)]
-                                 for rule, values in taus.items()}
-            row["tau_gain"] = row["tau"]["block"] / row["tau"]["token"] - 1
-        if not args.trees:
-            record["tau_seeds"] = args.tau_seeds
-        if args.trees and record.get("tree_rows"):
+        if args.trees:
             medusa = specjax_models.load_bundled("medusa")
-            measured = {}
-            for row in record["tree_rows"]:
-                key = (row["mode"], row["drafter"])
-                if key not in measured:
-                    sampling = MODES[row["mode"]]
-                    drafter, k, tree = tree_drafters(draft, eagle3, medusa,
-                                                     sampling)[row["drafter"]]
-                    measured[key] = {rule: [run(target, drafter, held_out, k, sampling, rule,
-                                                args.new_tokens, seed, tree
-                                                ).stats.mean_accepted_length
-                                            for seed in range(args.tau_seeds)]
-                                     for rule in ("token", "traversal")}
-                    jax.clear_caches()
-                    print(row["mode"], row["drafter"], {r: median(v) for r, v in
-                                                        measured[key].items()}, flush=True)
-                taus = measured[key]
-                row["tau"] = {rule: median(values) for rule, values in taus.items()}
-                row["tau_spread"] = {rule: [min(values), max(values)]
-                                     for rule, values in taus.items()}
-                row["tau_gain"] = row["tau"]["traversal"] / row["tau"]["token"] - 1
+            remeasure_taus(record.get("tree_rows", []), ("token", "traversal"), args,
+                           lambda sampling: tree_drafters(draft, eagle3, medusa, sampling),
+                           target, held_out)
             record["tree_seeds"] = args.tau_seeds
+        else:
+            remeasure_taus(record["rows"], ("token", "block"), args,
+                           lambda sampling: {label: (drafter, k, None) for label, (drafter, k)
+                                             in chain_drafters(draft, eagle3,
+                                                               sampling).items()},
+                           target, held_out)
+            record["tau_seeds"] = args.tau_seeds
         write_report(args, record)
     done = {(r["mode"], r["batch"], r["drafter"]) for r in record["rows"]}
     for mode, sampling in MODES.items():

@@ -76,13 +76,17 @@ def output_distribution(target, draft, num_draft: int, limit: int | None, residu
                 weight = q_of_chain * stop[tau] * nexts[tau][token]
                 if weight == 0.0:
                     continue
-                prefix = drafts[:tau] + (token,)
-                for rest in itertools.product(range(VOCAB), repeat=length - len(prefix)):
-                    sequence = prefix + rest
-                    continued = np.prod([target(sequence[:j])[sequence[j]]
-                                         for j in range(len(prefix), length)])
-                    out[sequence] = out.get(sequence, 0.0) + weight * continued
+                add_continued(out, target, drafts[:tau] + (token,), weight, length)
     return out
+
+
+def add_continued(out: dict, target, emitted: tuple, weight: float, length: int) -> None:
+    """Add `weight` times the target's continuations of `emitted` to `length` tokens."""
+    for rest in itertools.product(range(VOCAB), repeat=length - len(emitted)):
+        sequence = emitted + rest
+        continued = np.prod([target(sequence[:j])[sequence[j]]
+                             for j in range(len(emitted), length)])
+        out[sequence] = out.get(sequence, 0.0) + weight * continued
 
 
 def target_distribution(target, length: int) -> dict:

@@ -13,6 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_block_verification import (
+    VOCAB,
+    add_continued,
+    random_model,
+    target_distribution,
+    total_variation,
+)
 
 from specjax.block_verification import accept_block, chain_distributions, keep_probabilities
 from specjax.testing import chi_square_pvalue
@@ -20,25 +27,11 @@ from specjax.traversal_verification import accept_traversal, traverse
 from specjax.tree_acceptance import accept_tree_greedy
 from specjax.trees import TreeShape
 
-VOCAB = 3
 SHAPES = {
     "wide": TreeShape.from_paths([[0], [1], [2], [0, 0], [1, 0]]),
     "deep": TreeShape.from_paths([[0], [1], [0, 0], [0, 1], [0, 0, 0], [1, 0]]),
     "chain": TreeShape.chain(4),
 }
-
-
-def random_model(seed: int, sharpness: float):
-    rng = np.random.default_rng(seed)
-    table = {}
-
-    def distribution(prefix: tuple) -> np.ndarray:
-        if prefix not in table:
-            logits = sharpness * rng.normal(size=VOCAB)
-            table[prefix] = np.exp(logits) / np.exp(logits).sum()
-        return table[prefix]
-
-    return distribution
 
 
 def prefixes(shape: TreeShape, tokens: tuple) -> list:
@@ -115,23 +108,9 @@ def output_distribution(shape, target, draft, kind, states_of, length) -> dict:
         for node, stop in stop_distribution(states).items():
             prefix = () if node < 0 else paths[node]
             for token in range(VOCAB):
-                emitted = prefix + (token,)
-                weight = probability * stop * states[node][1][token]
-                for rest in itertools.product(range(VOCAB), repeat=length - len(emitted)):
-                    sequence = emitted + rest
-                    continued = np.prod([target(sequence[:j])[sequence[j]]
-                                         for j in range(len(emitted), length)])
-                    out[sequence] = out.get(sequence, 0.0) + weight * continued
+                add_continued(out, target, prefix + (token,),
+                              probability * stop * states[node][1][token], length)
     return out
-
-
-def target_distribution(target, length: int) -> dict:
-    return {s: np.prod([target(s[:j])[s[j]] for j in range(length)])
-            for s in itertools.product(range(VOCAB), repeat=length)}
-
-
-def total_variation(a: dict, b: dict) -> float:
-    return 0.5 * sum(abs(a.get(s, 0.0) - b.get(s, 0.0)) for s in set(a) | set(b))
 
 
 CASES = [("wide", "with replacement", 0), ("wide", "without replacement", 1),

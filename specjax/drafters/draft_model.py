@@ -120,6 +120,19 @@ def _sample_children(key: Array, q_BV: Array, ranks: int):
     return jnp.stack(tokens, axis=1), jnp.stack(qs, axis=1), jnp.stack(never, axis=1)
 
 
+def check_draft_fields(drafter) -> None:
+    """The checks every draft-model drafter (`DraftModel`, `ParallelDraft`) makes of its
+    `lm`, `method` and `min_confidence`; a listed `draft_vocab` becomes one int32 leaf."""
+    name = type(drafter).__name__
+    if not isinstance(drafter.lm, CausalLM):
+        raise TypeError(f"{name} needs a specjax.CausalLM, got {type(drafter.lm).__name__}")
+    if drafter.method not in DRAFT_METHODS:
+        raise ValueError(f"method must be one of {DRAFT_METHODS}, got {drafter.method!r}")
+    check_min_confidence(drafter.min_confidence)
+    if isinstance(drafter.draft_vocab, (list, tuple, np.ndarray)):  # one leaf, not many
+        object.__setattr__(drafter, "draft_vocab", jnp.asarray(drafter.draft_vocab, jnp.int32))
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, eq=False)
 class DraftModel:
@@ -162,13 +175,7 @@ class DraftModel:
     min_confidence: float | None = dataclasses.field(default=None, metadata={"static": True})
 
     def __post_init__(self):
-        if not isinstance(self.lm, CausalLM):
-            raise TypeError(f"DraftModel needs a specjax.CausalLM, got {type(self.lm).__name__}")
-        if self.method not in DRAFT_METHODS:
-            raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
-        check_min_confidence(self.min_confidence)
-        if isinstance(self.draft_vocab, (list, tuple, np.ndarray)):  # one leaf, not many
-            object.__setattr__(self, "draft_vocab", jnp.asarray(self.draft_vocab, jnp.int32))
+        check_draft_fields(self)
 
     def placed_like(self, target: CausalLM) -> DraftModel:
         """This drafter with its draft split over the target's mesh by the target's rules

@@ -41,11 +41,10 @@ from specjax.drafters.base import (
     Commit,
     DraftContext,
     Proposal,
-    check_min_confidence,
     confident_drafts,
     token_confidence,
 )
-from specjax.drafters.draft_model import DRAFT_METHODS, DraftModel, draw_children
+from specjax.drafters.draft_model import DraftModel, check_draft_fields, draw_children
 from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
 from specjax.sampling import SamplingConfig, SamplingParams, draw_with_q, tree_scores
 from specjax.sharding import place_like_target
@@ -83,11 +82,7 @@ class ParallelDraft:
     min_confidence: float | None = dataclasses.field(default=None, metadata={"static": True})
 
     def __post_init__(self):
-        if not isinstance(self.lm, CausalLM):
-            raise TypeError(f"ParallelDraft needs a specjax.CausalLM, got "
-                            f"{type(self.lm).__name__}")
-        if self.method not in DRAFT_METHODS:
-            raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
+        check_draft_fields(self)
         # With a reduced draft vocabulary the draft reads every target id: `check` bounds
         # the mask by the target's vocabulary then.
         bound = self.lm.vocab_size if self.draft_vocab is None else None
@@ -96,9 +91,6 @@ class ParallelDraft:
             raise ValueError(f"mask_id must be a token id the draft reads, in [0, "
                              f"{bound or 'the vocabulary size'}), got {self.mask_id!r} (a "
                              "PARD checkpoint names it `pard_token` in its config.json)")
-        check_min_confidence(self.min_confidence)
-        if self.draft_vocab is not None and not isinstance(self.draft_vocab, jax.Array):
-            object.__setattr__(self, "draft_vocab", jnp.asarray(self.draft_vocab, jnp.int32))
 
     @property
     def _vocab(self) -> DraftModel:
