@@ -5,7 +5,9 @@ A PARD draft is an ordinary causal LM (Llama or Qwen2 layout: AMD's
 PARD-Llama-3.2-1B, PARD-Qwen2.5-0.5B, PARD-DeepSeek-R1-Distill-Qwen-1.5B, ...) whose
 `config.json` names its mask token: `pard_token` (an int id), as PARD's training sets
 `model.config.pard_token` and its inference reads `draft_config.pard_token`
-(AMD-AGI/PARD, pard/pard_train.py and pard/pard_infer.py). `load_parallel_draft` reads
+(AMD-AGI/PARD, pard/pard_train.py and pard/pard_infer.py). Without it, a `mask_token`
+in tokenizer_config.json (the Hugging Face tokenizer's own field) found among
+tokenizer.json's added tokens names it. `load_parallel_draft` reads
 either kind into a `specjax.drafters.ParallelDraft`; `save_parallel_draft` writes ours
 (what `specjax train-drafter --method pard` produces, and the bundled pair's
 `models/checkpoints/parallel`).
@@ -33,12 +35,14 @@ def parallel_settings(path: str | Path) -> dict:
         layout = "specjax"
     elif (path / "config.json").exists():
         config = read_json(path / "config.json", "download the checkpoint again")
-        if PARD_KEY not in config:
+        mask_id = config[PARD_KEY] if PARD_KEY in config else _tokenizer_mask_id(path)
+        if mask_id is None:
             raise ValueError(f"{path} is not a parallel draft: its config.json has no "
-                             f"{PARD_KEY!r} (a PARD checkpoint names its mask token there) "
-                             f"and there is no {PARALLEL_FILE}; an ordinary draft model "
-                             "drafts with specjax.DraftModel")
-        settings = {"mask_id": config[PARD_KEY], "positions": None}
+                             f"{PARD_KEY!r} (a PARD checkpoint names its mask token there), "
+                             "its tokenizer_config.json no mask_token, and there is no "
+                             f"{PARALLEL_FILE}; an ordinary draft model drafts with "
+                             "specjax.DraftModel")
+        settings = {"mask_id": mask_id, "positions": None}
         layout = "hf"
     else:
         raise FileNotFoundError(f"{path} has neither {PARALLEL_FILE} nor config.json")
@@ -49,6 +53,31 @@ def parallel_settings(path: str | Path) -> dict:
         raise ValueError(f"{path}: the mask token must be an int id >= 0, got {mask_id!r}")
     positions = settings.get("positions")
     return {"mask_id": mask_id, "positions": positions, "layout": layout}
+
+
+def _tokenizer_mask_id(path: Path):
+    """The id of tokenizer_config.json's `mask_token` among tokenizer.json's added tokens
+    (a draft that names its mask in the tokenizer rather than in config.json), or None."""
+    from specjax.files import read_json
+
+    if not (path / "tokenizer_config.json").exists():
+        return None
+    mask = read_json(path / "tokenizer_config.json", "download the tokenizer again").get(
+        "mask_token")
+    if isinstance(mask, dict):  # an AddedToken written out: {"content": ..., ...}
+        mask = mask.get("content")
+    if not isinstance(mask, str):
+        return None
+    if not (path / "tokenizer.json").exists():
+        raise ValueError(f"{path}: tokenizer_config.json names the mask token {mask!r} but "
+                         "there is no tokenizer.json to find its id in")
+    added = read_json(path / "tokenizer.json", "download the tokenizer again").get(
+        "added_tokens", [])
+    ids = [entry.get("id") for entry in added if entry.get("content") == mask]
+    if not ids:
+        raise ValueError(f"{path}: the mask token {mask!r} of tokenizer_config.json is not "
+                         "among tokenizer.json's added tokens")
+    return ids[0]
 
 
 def save_parallel_draft(lm, config, path: str | Path, *, mask_id: int, positions: int,

@@ -58,6 +58,22 @@ def test_a_published_pard_checkpoint_loads_with_its_mask_token(tmp_path, qkv_bia
     assert parallel_settings(directory)["positions"] is None
 
 
+def test_the_mask_may_be_named_in_the_tokenizer(tmp_path):
+    config = tiny_config()
+    lm = specjax.CausalLM.from_nnx(specjax_models.Transformer(config, rngs=nnx.Rngs(4)))
+    directory = specjax_models.save_pretrained(lm, tmp_path / "hf")
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"mask_token": {"content": "<|mask|>", "special": True}}))
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        load_parallel_draft(directory)
+    (directory / "tokenizer.json").write_text(json.dumps(
+        {"added_tokens": [{"id": 27, "content": "<|end|>"}, {"id": 28, "content": "<|mask|>"}]}))
+    assert load_parallel_draft(directory).mask_id == 28
+    (directory / "tokenizer.json").write_text(json.dumps({"added_tokens": []}))
+    with pytest.raises(ValueError, match="not among tokenizer.json's added tokens"):
+        load_parallel_draft(directory)
+
+
 def test_what_is_not_a_parallel_draft_is_refused_by_name(tmp_path):
     config = tiny_config()
     lm = specjax.CausalLM.from_nnx(specjax_models.Transformer(config, rngs=nnx.Rngs(3)))
