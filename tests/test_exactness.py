@@ -223,9 +223,10 @@ ENTRIES = {
         parallel(min_confidence=0.1), slow_greedy=True, slow_stats=True),
     # The token rule on trees (traversal verification is their default): sampled and
     # top-k children.
+    # (The walk itself is chi-squared in the unit suite: tests/test_tree_acceptance.py.)
     "draft model, static tree, sampled, token rule": Entry(
         lambda d, t: DraftModel(d, "sample"), None, STATIC_TREE, verification="token",
-        slow_greedy=True),
+        slow_greedy=True, slow_stats=True),
     "draft model, dynamic tree, top-k, token rule": Entry(
         lambda d, t: DraftModel(d), None, DYNAMIC_TREE, verification="token", slow_greedy=True,
         slow_stats=True),
