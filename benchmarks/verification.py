@@ -199,7 +199,8 @@ def pair_table(rows: list, rules: tuple) -> list[str]:
                  f"{row['tokens_per_second'][after]:.1f} | {row['speed_ratio']:.3f}")
         lines.append(
             f"| {row['mode']} | {row['batch'] if 'speed_ratio' in row else '-'} | "
-            f"{row['drafter']} | {row['tau'][before]:.3f} "
+            f"{row['drafter']}{' (' + str(row['seeds']) + ' seeds)' if 'seeds' in row else ''}"
+            f" | {row['tau'][before]:.3f} "
             f"[{spread[before][0]:.3f}, {spread[before][1]:.3f}] | {row['tau'][after]:.3f}"
             f" [{spread[after][0]:.3f}, {spread[after][1]:.3f}]{tie} | "
             f"{100 * row['tau_gain']:+.1f}% | {speed} |")
@@ -261,6 +262,9 @@ def remeasure_taus(rows: list, rules: tuple, args, drafters_for, target, held_ou
     measured: dict = {}
     before, after = rules
     for row in rows:
+        if args.only and not all(word in f"{row['mode']} {row['drafter']}"
+                                 for word in args.only):
+            continue
         key = (row["mode"], row["drafter"])
         if key not in measured:
             sampling = MODES[row["mode"]]
@@ -275,6 +279,7 @@ def remeasure_taus(rows: list, rules: tuple, args, drafters_for, target, held_ou
         row["tau"] = {rule: median(values) for rule, values in taus.items()}
         row["tau_spread"] = {rule: [min(values), max(values)] for rule, values in taus.items()}
         row["tau_gain"] = row["tau"][after] / row["tau"][before] - 1
+        row["seeds"] = args.tau_seeds
 
 
 def main() -> None:
@@ -288,6 +293,9 @@ def main() -> None:
                         help="with --resume: measure every chain row's tau again over this "
                              "many seeds (with --trees: every tree row's; tau is cheap, the "
                              "timings are kept)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="WORD",
+                        help="with --tau-seeds: only the rows whose sampling and drafter "
+                             "labels contain every WORD")
     parser.add_argument("--trees", action="store_true",
                         help="add the tree rows: token rule vs traversal verification")
     parser.add_argument("--smollm2", action="store_true",
@@ -312,7 +320,8 @@ def main() -> None:
             remeasure_taus(record.get("tree_rows", []), ("token", "traversal"), args,
                            lambda sampling: tree_drafters(draft, eagle3, medusa, sampling),
                            target, held_out)
-            record["tree_seeds"] = args.tau_seeds
+            if not args.only:
+                record["tree_seeds"] = args.tau_seeds
         else:
             remeasure_taus(record["rows"], ("token", "block"), args,
                            lambda sampling: {label: (drafter, k, None) for label, (drafter, k)

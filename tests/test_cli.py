@@ -32,7 +32,7 @@ from conftest import run_cli
     (["generate", "x", "--model", "smollm2", "--drafter", "mtp"],
      "pass --head DIR with a head trained on this target"),
     (["generate", "x", "--drafter", "lookahead", "--min-confidence", "0.5"],
-     "model, eagle, eagle3, mtp, kangaroo or layer-skip"),
+     "model, eagle, eagle3, mtp, kangaroo, parallel or layer-skip"),
     (["train-drafter", "--model", "smollm2", "--method", "eagle3", "--out", "/tmp/x",
       "--chat-prompts", "4", "--rewrite-prompts", "8"], "--rewrite-prompts at most"),
     (["train-drafter", "--model", "smollm2", "--method", "eagle3", "--out", "/tmp/x",
