@@ -30,12 +30,13 @@ probabilities, uniforms and residuals); at depth 1 it is recursive rejection sam
 along the argmax path and 0 off it, so they accept exactly the argmax matches, the first
 in draw order where siblings repeat, as the token rule does.
 
-Every quantity that decides the step is a function of the drafted tree alone: the walk
-first computes, for every node, its weight and r when its turn comes (`traverse`, one
-post-order pass of at most 2N + 1 traced steps over [B, V] arrays, float32), then draws
-one uniform per node and accepts the first node in post-order whose uniform falls under
-its weight. Nodes marked "never accept" (lookahead, adaptive length) are left out of the
-walk with their subtrees and change nothing, as in the token rule.
+Every quantity that decides the step is a function of the drafted tree alone: one
+post-order pass of at most 2N + 1 traced steps over [B, V] arrays (float32) gives every
+node its weight and r when its turn comes (`traverse` returns them all); the step draws
+one uniform per node and, in the same pass, stops each row at the first node in
+post-order whose uniform falls under its weight (`accept_traversal`). Nodes marked "never
+accept" (lookahead, adaptive length) are left out of the walk with their subtrees and
+change nothing, as in the token rule.
 """
 
 from __future__ import annotations
@@ -97,6 +98,16 @@ def traverse(tokens_BN: Int[Array, "B N"], parents_BN: Int[Array, "B N"],
     deterministic, one-hot q; the stack of weights and residuals has max_depth + 1
     levels). One traced step per descent or return, 2N + 1 in all.
     """
+    weight_BN1, residual_BN1V, order_BN1 = _post_order(
+        tokens_BN, parents_BN, p_BN1V, q_BNV, max_depth, max_branching, never_accept_BN, None)
+    return Traversal(weight_BN1.at[:, 0].set(1.0), residual_BN1V, order_BN1)
+
+
+def _post_order(tokens_BN, parents_BN, p_BN1V, q_BNV, max_depth: int, max_branching: int,
+                never_accept_BN, uniform_BN):
+    """The post-order pass. `uniform_BN` None: record every node's (weight, residual,
+    turn). Given: stop each row at its first node whose uniform falls under its weight (the
+    root always) and return `(stop node, its residual)`, storing nothing per node."""
     batch, num_nodes = tokens_BN.shape
     vocab = p_BN1V.shape[-1]
     p_BN1V = p_BN1V.astype(jnp.float32)
@@ -104,10 +115,11 @@ def traverse(tokens_BN: Int[Array, "B N"], parents_BN: Int[Array, "B N"],
     skip_BN = jnp.zeros((batch, num_nodes), bool) if never_accept_BN is None else never_accept_BN
     rows_B = jnp.arange(batch)
     rank_M = jnp.arange(max_branching)
+    decide = uniform_BN is not None  # static
 
     def step(_, carry):
         (node_B, depth_B, finished_B, next_rank_BN1, stack_w_BD1, stack_r_BD1V, stack_node_BD1,
-         turn_B, weight_BN1, residual_BN1V, order_BN1) = carry
+         turn_B, records) = carry
         # The current node's next child still to visit (present and not skipped).
         children_BM = children_BNM[rows_B, node_B]
         skipped_BM = jnp.take_along_axis(skip_BN, jnp.maximum(children_BM, 0), axis=1)
@@ -129,20 +141,30 @@ def traverse(tokens_BN: Int[Array, "B N"], parents_BN: Int[Array, "B N"],
         child_w_B = jnp.where(q_x_B > 0,
                               jnp.minimum(1.0, w_B * r_x_B / jnp.where(q_x_B > 0, q_x_B, 1.0)),
                               0.0)
-        # Finish: record the node's turn, then (below the root) the parent absorbs it.
-        weight_BN1 = weight_BN1.at[rows_B, node_B].set(
-            jnp.where(finish_B, w_B, weight_BN1[rows_B, node_B]))
-        residual_BN1V = residual_BN1V.at[rows_B, node_B].set(
-            jnp.where(finish_B[:, None], r_BV, residual_BN1V[rows_B, node_B]))
-        order_BN1 = order_BN1.at[rows_B, node_B].set(
-            jnp.where(finish_B, turn_B, order_BN1[rows_B, node_B]))
-        parent_depth_B = jnp.maximum(depth_B - 1, 0)
         failed_B = jnp.maximum(node_B - 1, 0)  # the finishing node, as a node index
+        # Finish: the root always ends the row; another node when its uniform says so.
+        kept_B = finish_B & (depth_B == 0)
+        if decide:
+            kept_B |= finish_B & (uniform_BN[rows_B, failed_B] < w_B)
+            stop_B, stop_r_BV = records
+            records = (jnp.where(kept_B, node_B, stop_B),
+                       jnp.where(kept_B[:, None], r_BV, stop_r_BV))
+        else:
+            weight_BN1, residual_BN1V, order_BN1 = records
+            records = (
+                weight_BN1.at[rows_B, node_B].set(
+                    jnp.where(finish_B, w_B, weight_BN1[rows_B, node_B])),
+                residual_BN1V.at[rows_B, node_B].set(
+                    jnp.where(finish_B[:, None], r_BV, residual_BN1V[rows_B, node_B])),
+                order_BN1.at[rows_B, node_B].set(
+                    jnp.where(finish_B, turn_B, order_BN1[rows_B, node_B])))
+        # A node not kept fails: its parent absorbs it.
+        parent_depth_B = jnp.maximum(depth_B - 1, 0)
         parent_w_B, parent_r_BV = _failure_update(
             stack_w_BD1[rows_B, parent_depth_B], stack_r_BD1V[rows_B, parent_depth_B],
             tokens_BN[rows_B, failed_B],
             None if q_BNV is None else q_BNV[rows_B, failed_B].astype(jnp.float32))
-        returns_B = finish_B & (depth_B > 0)
+        returns_B = finish_B & ~kept_B
         # One stack write per row: the child's slot on a descent, the parent's on a return.
         slot_B = jnp.where(descend_B, depth_B + 1, parent_depth_B)
         slot_B = jnp.minimum(slot_B, max_depth)
@@ -160,23 +182,21 @@ def traverse(tokens_BN: Int[Array, "B N"], parents_BN: Int[Array, "B N"],
         node_B = jnp.where(descend_B, child_B + 1,
                            jnp.where(returns_B, stack_node_BD1[rows_B, parent_depth_B], node_B))
         depth_B = jnp.where(descend_B, depth_B + 1, jnp.where(returns_B, depth_B - 1, depth_B))
-        return (node_B, depth_B, finished_B | (finish_B & ~returns_B), next_rank_BN1,
-                stack_w_BD1, stack_r_BD1V, stack_node_BD1, turn_B + finish_B.astype(jnp.int32),
-                weight_BN1, residual_BN1V, order_BN1)
+        return (node_B, depth_B, finished_B | kept_B, next_rank_BN1, stack_w_BD1,
+                stack_r_BD1V, stack_node_BD1, turn_B + finish_B.astype(jnp.int32), records)
 
     zeros_B = jnp.zeros((batch,), jnp.int32)
     stack_w_BD1 = jnp.zeros((batch, max_depth + 1), jnp.float32).at[:, 0].set(1.0)
     stack_r_BD1V = jnp.zeros((batch, max_depth + 1, vocab), jnp.float32).at[:, 0].set(
         p_BN1V[:, 0])
+    records = ((zeros_B, jnp.zeros((batch, vocab), jnp.float32)) if decide else
+               (jnp.zeros((batch, num_nodes + 1), jnp.float32),
+                jnp.zeros((batch, num_nodes + 1, vocab), jnp.float32),
+                jnp.full((batch, num_nodes + 1), -1, jnp.int32)))
     start = (zeros_B, zeros_B, jnp.zeros((batch,), bool),
              jnp.zeros((batch, num_nodes + 1), jnp.int32), stack_w_BD1, stack_r_BD1V,
-             jnp.zeros((batch, max_depth + 1), jnp.int32), zeros_B,
-             jnp.zeros((batch, num_nodes + 1), jnp.float32),
-             jnp.zeros((batch, num_nodes + 1, vocab), jnp.float32),
-             jnp.full((batch, num_nodes + 1), -1, jnp.int32))
-    carry = jax.lax.fori_loop(0, 2 * num_nodes + 1, step, start)
-    weight_BN1, residual_BN1V, order_BN1 = carry[-3:]
-    return Traversal(weight_BN1.at[:, 0].set(1.0), residual_BN1V, order_BN1)
+             jnp.zeros((batch, max_depth + 1), jnp.int32), zeros_B, records)
+    return jax.lax.fori_loop(0, 2 * num_nodes + 1, step, start)[-1]
 
 
 def accept_traversal(key_accept: Key[Array, ""], key_resample: Key[Array, ""],
@@ -188,15 +208,10 @@ def accept_traversal(key_accept: Key[Array, ""], key_resample: Key[Array, ""],
     `specjax.tree_acceptance.accept_tree_sampled`'s. Node i uses the i-th of its row's N
     uniforms, as position i + 1 of a chain does in `specjax.block_verification`."""
     batch, num_nodes = tokens_BN.shape
-    walk = traverse(tokens_BN, parents_BN, p_BN1V, q_BNV, max_depth=max_depth,
-                    max_branching=max_branching, never_accept_BN=never_accept_BN)
     uniform_BN = jax.vmap(lambda k: jax.random.uniform(k, (num_nodes,)))(
         row_keys(key_accept, batch))
-    kept_BN1 = jnp.concatenate([jnp.ones((batch, 1), bool),
-                                (uniform_BN < walk.weight[:, 1:]) & (walk.order[:, 1:] >= 0)],
-                               axis=1)
-    turn_BN1 = jnp.where(kept_BN1, walk.order, jnp.iinfo(jnp.int32).max)
-    stop_B = jnp.argmin(turn_BN1, axis=1).astype(jnp.int32)  # input index, 0 = the root
+    stop_B, stop_r_BV = _post_order(tokens_BN, parents_BN, p_BN1V, q_BNV, max_depth,
+                                    max_branching, never_accept_BN, uniform_BN)
     rows_B = jnp.arange(batch)
     depths_BN1 = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), tree_depths(parents_BN)],
                                  axis=1)
@@ -210,6 +225,5 @@ def accept_traversal(key_accept: Key[Array, ""], key_resample: Key[Array, ""],
         path_BD = path_BD.at[rows_B, jnp.maximum(depth_B - 1, 0)].set(
             jnp.where(depth_B > 0, node_B - 1, path_BD[rows_B, jnp.maximum(depth_B - 1, 0)]))
         node_B = parent_of_BN1[rows_B, node_B]
-    next_token_B = sample_from_probs(row_keys(key_resample, batch),
-                                     walk.residual[rows_B, stop_B])
+    next_token_B = sample_from_probs(row_keys(key_resample, batch), stop_r_BV)
     return TreeAcceptance(path_BD, num_accepted_B, next_token_B)
