@@ -54,10 +54,12 @@ from specjax.trees import DynamicTree, TreeShape
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ParallelDraftState:
-    """cache: the draft's cache. cache_lengths: int32 [B], committed tokens in it."""
+    """cache: the draft's cache. It holds every committed token before each row's next
+    window (the window starts at most K + 1 tokens before the committed length, and every
+    step's window ends past it), so no count of its entries is kept: the window's start
+    follows from the committed length alone."""
 
     cache: Any
-    cache_lengths: Array
 
 
 @jax.tree_util.register_dataclass
@@ -129,9 +131,9 @@ class ParallelDraft:
              capacity: int) -> ParallelDraftState:
         batch = prompt_tokens_BP.shape[0]
         cache = self.lm.init_cache(batch, capacity)
-        cache, cache_lengths, _, _ = prefill(self.lm, cache, self._vocab._clip(prompt_tokens_BP),
-                                          prompt_lengths_B, keep_hidden=False)
-        return ParallelDraftState(cache, cache_lengths.astype(jnp.int32))
+        cache, _, _, _ = prefill(self.lm, cache, self._vocab._clip(prompt_tokens_BP),
+                                 prompt_lengths_B, keep_hidden=False)
+        return ParallelDraftState(cache)
 
     def position_logits(self, state: ParallelDraftState, context: DraftContext,
                         positions: int) -> tuple[Any, Array]:
@@ -164,7 +166,7 @@ class ParallelDraft:
         """K drafts per row from one forward (a chain), or the nodes of `tree`."""
         depth = num_draft_tokens if tree is None else tree.max_depth
         cache, logits_BKV = self.position_logits(state, context, depth)
-        new_state = ParallelDraftState(cache, context.lengths)
+        new_state = ParallelDraftState(cache)
         if isinstance(tree, DynamicTree):
             return new_state, self._dynamic_tree(logits_BKV, tree, sampling, vocab_size)
         if tree is not None:
@@ -229,5 +231,5 @@ class ParallelDraft:
     def commit(self, state: ParallelDraftState, commit: Commit) -> ParallelDraftState:
         # The cache holds the committed tokens up to the step's old length; the rest of the
         # window (masks) is scratch that the next window rewrites.
-        return ParallelDraftState(state.cache,
-                                  jnp.minimum(state.cache_lengths, commit.new_lengths))
+        del commit
+        return state
