@@ -108,35 +108,58 @@ def distill_cached(draft: CausalLM, data: Mapping, config: TrainConfig, *,
     Same loop, orbax checkpoints and exact resume as `specjax.training.train`;
     `TrainResult.lm` is the trained draft and the history records held-out
     `acceptance@1` at each evaluation."""
+    check_cached_training(draft, data, heldout, frozen, "distill_cached")
+    rows = epoch_batches(dict(data), batch_size, seed)
+    return train_on_cached(
+        draft, lambda lm, batch: draft_terms(lm, batch)[0],
+        lambda lm, batch: {"acceptance@1": draft_terms(lm, batch)[1]},
+        lambda step: rows(step), [dict(b) for b in heldout], config, frozen=frozen,
+        checkpoint_dir=checkpoint_dir, progress=progress, max_seconds=max_seconds)
+
+
+def check_cached_training(draft, data: Mapping, heldout: Sequence[Mapping],
+                          frozen: Sequence[str], name: str) -> None:
+    """What every cached-output trainer refuses first: a draft that is not a CausalLM
+    with grouped parameters, frozen names it lacks, nothing left to train, and data or
+    held-out batches without DISTILL_KEYS of matching shapes."""
     if not isinstance(draft, CausalLM):
-        raise TypeError(f"distill_cached trains a specjax.CausalLM, got {type(draft).__name__}")
+        raise TypeError(f"{name} trains a specjax.CausalLM, got {type(draft).__name__}")
     if not isinstance(draft.params, Mapping):
-        raise TypeError("distill_cached needs the draft's params as a mapping of parameter "
+        raise TypeError(f"{name} needs the draft's params as a mapping of parameter "
                         "groups (as CausalLM.from_nnx gives)")
-    unknown = [name for name in frozen if name not in draft.params]
+    unknown = [group for group in frozen if group not in draft.params]
     if unknown:
         raise ValueError(f"frozen names {unknown} are not parameter groups of the draft "
                          f"({sorted(draft.params)})")
-    groups = type(draft.params)
-    trained = {name: value for name, value in draft.params.items() if name not in frozen}
-    if not trained:
+    if all(group in frozen for group in draft.params):
         raise ValueError("every parameter group is frozen: nothing to train")
-    kept = {name: draft.params[name] for name in frozen}
     _check_data(draft, data, "data")
     for batch in heldout:
         _check_data(draft, batch, "a heldout batch")
 
+
+def train_on_cached(draft: CausalLM, loss_of, metrics_of, batches, heldout: list,
+                    config: TrainConfig, *, frozen: Sequence[str] = (),
+                    checkpoint_dir: str | Path | None = None, progress: bool = True,
+                    max_seconds: float | None = None) -> TrainResult:
+    """The loop shared by the cached-output trainers (`distill_cached`,
+    `specjax.training.parallel.train_parallel`; their inputs checked first by
+    `check_cached_training`): `draft`'s parameter groups but `frozen` trained on
+    `loss_of(lm, batch)`, `metrics_of(lm, batch)` recorded on `heldout` at each
+    evaluation, `batches(step)` a pure function of the step; the frozen groups are passed
+    to the compiled step as arguments, neither updated nor checkpointed."""
+    groups = type(draft.params)
+    trained = {group: value for group, value in draft.params.items() if group not in frozen}
+    kept = {group: draft.params[group] for group in frozen}
+
     def full(model: _Trained, kept_groups: dict) -> CausalLM:
         return draft.with_params(groups({**model.params, **kept_groups}))
 
-    def loss_of(model, batch, kept_groups):
-        return draft_terms(full(model, kept_groups), batch)[0]
-
-    def metrics_of(model, batch, kept_groups):
-        return {"acceptance@1": draft_terms(full(model, kept_groups), batch)[1]}
-
-    batches = epoch_batches(dict(data), batch_size, seed)
-    result = _run(_Trained(trained), loss_of, lambda step, params: batches(step), config,
-                  checkpoint_dir and Path(checkpoint_dir), [dict(b) for b in heldout],
-                  "distill", progress, max_seconds, aux=kept, metrics_of=metrics_of)
+    result = _run(_Trained(trained),
+                  lambda model, batch, kept_groups: loss_of(full(model, kept_groups), batch),
+                  lambda step, params: batches(step), config,
+                  checkpoint_dir and Path(checkpoint_dir), heldout, "distill", progress,
+                  max_seconds, aux=kept,
+                  metrics_of=lambda model, batch, kept_groups: metrics_of(
+                      full(model, kept_groups), batch))
     return dataclasses.replace(result, lm=full(result.lm, kept))

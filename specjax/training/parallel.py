@@ -40,9 +40,14 @@ import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM
-from specjax.training.cached import DISTILL_KEYS, _check_data, _Trained, masked_mean
+from specjax.training.cached import (
+    DISTILL_KEYS,
+    check_cached_training,
+    masked_mean,
+    train_on_cached,
+)
 from specjax.training.config import TrainConfig
-from specjax.training.loop import TrainResult, _run, epoch_batches
+from specjax.training.loop import TrainResult, epoch_batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,51 +225,25 @@ def train_parallel(draft: CausalLM, data: Mapping, config: TrainConfig,
     over key blocks cannot be differentiated. Same loop, checkpoints and exact resume as
     `distill_cached`; the history records `acceptance@c` per offset and
     `expected_accepted` at each evaluation."""
-    if not isinstance(draft, CausalLM):
-        raise TypeError(f"train_parallel trains a specjax.CausalLM, got {type(draft).__name__}")
-    if not isinstance(draft.params, Mapping):
-        raise TypeError("train_parallel needs the draft's params as a mapping of parameter "
-                        "groups (as CausalLM.from_nnx gives)")
+    check_cached_training(draft, data, heldout, frozen, "train_parallel")
     if parallel.mask_id >= draft.vocab_size:
         raise ValueError(f"mask_id {parallel.mask_id} is not an id of the draft's "
                          f"vocabulary [0, {draft.vocab_size})")
-    unknown = [name for name in frozen if name not in draft.params]
-    if unknown:
-        raise ValueError(f"frozen names {unknown} are not parameter groups of the draft "
-                         f"({sorted(draft.params)})")
-    _check_data(draft, data, "data")
-    for batch in heldout:
-        _check_data(draft, batch, "a heldout batch")
     length = int(np.shape(data["tokens"])[1])
     if parallel.positions > length:
         raise ValueError(f"positions={parallel.positions} exceeds the sequences' {length} "
                          "tokens")
-    groups = type(draft.params)
-    trained = {name: value for name, value in draft.params.items() if name not in frozen}
-    if not trained:
-        raise ValueError("every parameter group is frozen: nothing to train")
-    kept = {name: draft.params[name] for name in frozen}
-
-    def full(model: _Trained, kept_groups: dict) -> CausalLM:
-        return draft.with_params(groups({**model.params, **kept_groups}))
-
-    def loss_of(model, batch, kept_groups):
-        return parallel_terms(full(model, kept_groups), batch, parallel)[0]
-
-    def metrics_of(model, batch, kept_groups):
-        return parallel_terms(full(model, kept_groups), batch, parallel)[1]
-
     rows = epoch_batches({key: data[key] for key in DISTILL_KEYS}, batch_size, seed)
 
-    def batches(step, params):
-        del params
+    def batches(step):
         layout = parallel_layout(length, parallel, np.random.default_rng([seed, step, 7]))
         return {**rows(step), **layout}
 
     held = [{**{key: b[key] for key in DISTILL_KEYS},
              **parallel_layout(length, parallel, np.random.default_rng([seed, 10_000 + i]))}
             for i, b in enumerate(heldout)]
-    result = _run(_Trained(trained), loss_of, batches, config,
-                  checkpoint_dir and Path(checkpoint_dir), held, "distill", progress,
-                  max_seconds, aux=kept, metrics_of=metrics_of)
-    return dataclasses.replace(result, lm=full(result.lm, kept))
+    return train_on_cached(
+        draft, lambda lm, batch: parallel_terms(lm, batch, parallel)[0],
+        lambda lm, batch: parallel_terms(lm, batch, parallel)[1], batches, held, config,
+        frozen=frozen, checkpoint_dir=checkpoint_dir, progress=progress,
+        max_seconds=max_seconds)
