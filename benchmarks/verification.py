@@ -256,6 +256,30 @@ def write_report(args, record: dict) -> None:
     write_results(NAME, record, "\n".join(lines) + "\n")
 
 
+def measure_rows(record: dict, name: str, rules: tuple, drafters_for, args, target,
+                 held_out) -> None:
+    """Every (sampling, batch, drafter) row of `record[name]` not measured yet (greedy at
+    the first batch only): `measure_pair` under the two rules, the report rewritten after
+    each."""
+    rows = record.setdefault(name, [])
+    done = {(r["mode"], r["batch"], r["drafter"]) for r in rows}
+    before, after = rules
+    for mode, sampling in MODES.items():
+        for batch in args.batches[:1] if sampling.greedy else args.batches:
+            for label, (drafter, k, tree) in drafters_for(sampling).items():
+                if (mode, batch, label) in done:
+                    continue
+                row = measure_pair(target, drafter, k, sampling, held_out, batch, args,
+                                   rules, tree)
+                row.update(mode=mode, batch=batch, drafter=label)
+                rows.append(row)
+                write_report(args, record)
+                jax.clear_caches()
+                print(f"{mode:16s} B={batch} {label:40s} tau {row['tau'][before]:.3f} -> "
+                      f"{row['tau'][after]:.3f} ({100 * row['tau_gain']:+.1f}%), speed "
+                      f"x{row.get('speed_ratio', float('nan')):.3f}", flush=True)
+
+
 def remeasure_taus(rows: list, rules: tuple, args, drafters_for, target, held_out) -> None:
     """Every row's tau again over `args.tau_seeds` seeds (in place; timings kept):
     `drafters_for(sampling)` maps a row's drafter label to (drafter, K, tree)."""
@@ -313,62 +337,31 @@ def main() -> None:
     tok = specjax_models.ByteTokenizer()
     held_out = [tok.encode(p["text"]) for p in specjax_models.bundled_prompts()
                 if p["kind"] == "continue"]
+    chains = lambda sampling: {label: (drafter, k, None) for label, (drafter, k)
+                               in chain_drafters(draft, eagle3, sampling).items()}
+    medusa = specjax_models.load_bundled("medusa") if args.trees else None
+    trees = lambda sampling: tree_drafters(draft, eagle3, medusa, sampling)
     if args.tau_seeds:
         # With --trees, the tree rows are measured again; without, the chain rows.
         if args.trees:
-            medusa = specjax_models.load_bundled("medusa")
-            remeasure_taus(record.get("tree_rows", []), ("token", "traversal"), args,
-                           lambda sampling: tree_drafters(draft, eagle3, medusa, sampling),
+            remeasure_taus(record.get("tree_rows", []), ("token", "traversal"), args, trees,
                            target, held_out)
             if not args.only:
                 record["tree_seeds"] = args.tau_seeds
         else:
-            remeasure_taus(record["rows"], ("token", "block"), args,
-                           lambda sampling: {label: (drafter, k, None) for label, (drafter, k)
-                                             in chain_drafters(draft, eagle3,
-                                                               sampling).items()},
-                           target, held_out)
+            remeasure_taus(record["rows"], ("token", "block"), args, chains, target,
+                           held_out)
             record["tau_seeds"] = args.tau_seeds
         write_report(args, record)
-    done = {(r["mode"], r["batch"], r["drafter"]) for r in record["rows"]}
-    for mode, sampling in MODES.items():
-        for batch in args.batches[:1] if sampling.greedy else args.batches:
-            for label, (drafter, k) in chain_drafters(draft, eagle3, sampling).items():
-                if (mode, batch, label) in done:
-                    continue
-                row = measure_pair(target, drafter, k, sampling, held_out, batch, args)
-                row.update(mode=mode, batch=batch, drafter=label)
-                record["rows"].append(row)
-                write_report(args, record)
-                jax.clear_caches()
-                print(f"{mode:16s} B={batch} {label:20s} tau {row['tau']['token']:.3f} -> "
-                      f"{row['tau']['block']:.3f} ({100 * row['tau_gain']:+.1f}%), speed "
-                      f"x{row.get('speed_ratio', float('nan')):.3f}", flush=True)
+    measure_rows(record, "rows", ("token", "block"), chains, args, target, held_out)
     if args.trees:
-        medusa = specjax_models.load_bundled("medusa")
-        record.setdefault("tree_rows", [])
         record.setdefault("tree_seeds", args.seeds)
         record["tree_command"] = (f"`python -m benchmarks.verification --resume --trees "
                                   f"--reps {args.reps} --seeds {args.seeds} --new-tokens "
                                   f"{args.new_tokens} --batches "
                                   f"{' '.join(map(str, args.batches))}`.")
-        done = {(r["mode"], r["batch"], r["drafter"]) for r in record["tree_rows"]}
-        for mode, sampling in MODES.items():
-            for batch in args.batches[:1] if sampling.greedy else args.batches:
-                for label, (drafter, k, tree) in tree_drafters(draft, eagle3, medusa,
-                                                               sampling).items():
-                    if (mode, batch, label) in done:
-                        continue
-                    row = measure_pair(target, drafter, k, sampling, held_out, batch, args,
-                                       ("token", "traversal"), tree)
-                    row.update(mode=mode, batch=batch, drafter=label)
-                    record["tree_rows"].append(row)
-                    write_report(args, record)
-                    jax.clear_caches()
-                    print(f"{mode:16s} B={batch} {label:40s} tau "
-                          f"{row['tau']['token']:.3f} -> {row['tau']['traversal']:.3f} "
-                          f"({100 * row['tau_gain']:+.1f}%), speed "
-                          f"x{row.get('speed_ratio', float('nan')):.3f}", flush=True)
+        measure_rows(record, "tree_rows", ("token", "traversal"), trees, args, target,
+                     held_out)
     if not record.get("typical_tau"):
         record["typical_tau"] = []
         for mode in ("t=1", "t=0.7, top-p 0.9"):
