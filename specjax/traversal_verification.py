@@ -88,6 +88,12 @@ def _failure_update(weight_B: Array, r_BV: Array, token_B: Array,
     return jnp.clip(new_weight_B, 0.0, 1.0), new_r_BV
 
 
+def parent_inputs(parents_BN: Int[Array, "B N"]) -> Int[Array, "B N+1"]:
+    """The input index (0 = the root) of each input index's parent; the root's is 0."""
+    return jnp.concatenate([jnp.zeros((parents_BN.shape[0], 1), jnp.int32),
+                            parents_BN.astype(jnp.int32) + 1], axis=1)
+
+
 def traverse(tokens_BN: Int[Array, "B N"], parents_BN: Int[Array, "B N"],
              p_BN1V: Float[Array, "B N+1 V"], q_BNV: Float[Array, "B N V"] | None, *,
              max_depth: int, max_branching: int,
@@ -112,14 +118,15 @@ def _post_order(tokens_BN, parents_BN, p_BN1V, q_BNV, max_depth: int, max_branch
     vocab = p_BN1V.shape[-1]
     p_BN1V = p_BN1V.astype(jnp.float32)
     children_BNM = children_table(parents_BN, max_branching)
+    parent_of_BN1 = parent_inputs(parents_BN)  # where a return goes
     skip_BN = jnp.zeros((batch, num_nodes), bool) if never_accept_BN is None else never_accept_BN
     rows_B = jnp.arange(batch)
     rank_M = jnp.arange(max_branching)
     decide = uniform_BN is not None  # static
 
     def step(_, carry):
-        (node_B, depth_B, finished_B, next_rank_BN1, stack_w_BD1, stack_r_BD1V, stack_node_BD1,
-         turn_B, records) = carry
+        (node_B, depth_B, finished_B, next_rank_BN1, stack_w_BD1, stack_r_BD1V, turn_B,
+         records) = carry
         # The current node's next child still to visit (present and not skipped).
         children_BM = children_BNM[rows_B, node_B]
         skipped_BM = jnp.take_along_axis(skip_BN, jnp.maximum(children_BM, 0), axis=1)
@@ -175,15 +182,13 @@ def _post_order(tokens_BN, parents_BN, p_BN1V, q_BNV, max_depth: int, max_branch
                                        stack_r_BD1V[rows_B, slot_B]))
         stack_w_BD1 = stack_w_BD1.at[rows_B, slot_B].set(new_w_B)
         stack_r_BD1V = stack_r_BD1V.at[rows_B, slot_B].set(new_r_BV)
-        stack_node_BD1 = stack_node_BD1.at[rows_B, slot_B].set(
-            jnp.where(descend_B, child_B + 1, stack_node_BD1[rows_B, slot_B]))
         next_rank_BN1 = next_rank_BN1.at[rows_B, node_B].set(
             jnp.where(descend_B, rank_B + 1, next_rank_BN1[rows_B, node_B]))
         node_B = jnp.where(descend_B, child_B + 1,
-                           jnp.where(returns_B, stack_node_BD1[rows_B, parent_depth_B], node_B))
+                           jnp.where(returns_B, parent_of_BN1[rows_B, node_B], node_B))
         depth_B = jnp.where(descend_B, depth_B + 1, jnp.where(returns_B, depth_B - 1, depth_B))
         return (node_B, depth_B, finished_B | kept_B, next_rank_BN1, stack_w_BD1,
-                stack_r_BD1V, stack_node_BD1, turn_B + finish_B.astype(jnp.int32), records)
+                stack_r_BD1V, turn_B + finish_B.astype(jnp.int32), records)
 
     zeros_B = jnp.zeros((batch,), jnp.int32)
     stack_w_BD1 = jnp.zeros((batch, max_depth + 1), jnp.float32).at[:, 0].set(1.0)
@@ -194,8 +199,8 @@ def _post_order(tokens_BN, parents_BN, p_BN1V, q_BNV, max_depth: int, max_branch
                 jnp.zeros((batch, num_nodes + 1, vocab), jnp.float32),
                 jnp.full((batch, num_nodes + 1), -1, jnp.int32)))
     start = (zeros_B, zeros_B, jnp.zeros((batch,), bool),
-             jnp.zeros((batch, num_nodes + 1), jnp.int32), stack_w_BD1, stack_r_BD1V,
-             jnp.zeros((batch, max_depth + 1), jnp.int32), zeros_B, records)
+             jnp.zeros((batch, num_nodes + 1), jnp.int32), stack_w_BD1, stack_r_BD1V, zeros_B,
+             records)
     return jax.lax.fori_loop(0, 2 * num_nodes + 1, step, start)[-1]
 
 
@@ -217,7 +222,7 @@ def accept_traversal(key_accept: Key[Array, ""], key_resample: Key[Array, ""],
                                  axis=1)
     num_accepted_B = depths_BN1[rows_B, stop_B]
     # The path, root first: climb from the stop node, writing each node at its depth.
-    parent_of_BN1 = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), parents_BN + 1], axis=1)
+    parent_of_BN1 = parent_inputs(parents_BN)
     path_BD = jnp.full((batch, max_depth), -1, jnp.int32)
     node_B = stop_B
     for _ in range(max_depth):  # static: one level per pass
