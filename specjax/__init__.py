@@ -53,7 +53,7 @@ _SOURCES = {
     "TreeShape": "specjax.trees",
     "TypicalAcceptance": "specjax.typical_acceptance",
 }
-_MODULES = ("analysis", "datastore", "distributed", "drafters", "layer_search", "sharding",
+_MODULES = ("analysis", "bench", "datastore", "distributed", "drafters", "layer_search", "sharding",
             "verification")
 
 __all__ = [
@@ -82,6 +82,7 @@ __all__ = [
     "TreeShape",
     "TypicalAcceptance",
     "analysis",
+    "bench",
     "datastore",
     "decode_step",
     "distributed",
@@ -109,6 +110,7 @@ __getattr__, __dir__ = lazy_attributes(__name__, _SOURCES, globals())
 if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from specjax import (
         analysis,
+        bench,
         datastore,
         distributed,
         drafters,

@@ -7,7 +7,6 @@ speculative (chain and tree) and streamed decoding, and both processes read the 
 whole batch of a sampled run. In one process everything there is the identity."""
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import build_lm
+from conftest import build_lm, subprocess_env
 
 import specjax
 from specjax.distributed import fetch, gather_prompts, process_local
@@ -91,7 +90,7 @@ def two_processes(tmp_path_factory):
     """Both processes' results (the worker above, run twice under jax.distributed)."""
     folder = tmp_path_factory.mktemp("distributed")
     port = _free_port()
-    env = {**os.environ, "XLA_FLAGS": ""}
+    env = subprocess_env()  # 2 devices: jax_num_cpu_devices, in WORKER
     workers = [subprocess.Popen(
         [sys.executable, "-c", WORKER, str(port), str(i), str(folder / f"{i}.json"),
          str(TESTS)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

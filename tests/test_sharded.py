@@ -7,7 +7,6 @@ all-reduces per layer and no all-gather in the compiled forward, and refusals th
 the dimension."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import build_lm, run_cli, smollm2_or_skip
+from conftest import build_lm, run_cli, smollm2_or_skip, subprocess_env
 
 import specjax
 import specjax_models
@@ -213,8 +212,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def on_eight_devices(tmp_path_factory) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    env = subprocess_env(JAX_PLATFORMS="cpu")  # 8 devices: jax_num_cpu_devices, in SCRIPT
     script = SCRIPT.replace("TMP", repr(str(tmp_path_factory.mktemp("sharded"))))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=env, timeout=900, check=False)
@@ -313,7 +311,7 @@ def test_an_orbax_checkpoint_restores_onto_a_mesh_array_by_array(on_eight_device
 def test_the_command_line_decodes_smollm2_on_a_mesh():
     smollm2_or_skip()
     # SmolLM2 has 9 heads and 3 KV heads: a model axis of 3 splits them whole.
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=3")
+    env = subprocess_env("--xla_force_host_platform_device_count=3")
     runs = [run_cli("generate", "What is the capital of France?", "--model", "smollm2",
                     "--max-new-tokens", "12", "--json", *extra, env=env)
             for extra in ((), ("--mesh", "model=3"))]

@@ -22,3 +22,16 @@ def test_rewrite_prompts_quote_each_text():
     prompts = rewrite_prompts(texts, seed=1)
     assert len(prompts) == 2 and all(t in p for t, p in zip(texts, prompts, strict=True))
     assert prompts == rewrite_prompts(texts, seed=1)
+
+
+def test_the_bench_question_file_holds_the_evaluation_prompts():
+    """benchmarks/prompts/smollm2.jsonl (`specjax bench --questions`) is
+    benchmarks/real_prompts.py in Spec-Bench's question format, kind by kind."""
+    from pathlib import Path
+
+    from specjax.bench_prompts import read_questions
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "smollm2.jsonl"
+    questions = read_questions(path)
+    assert [(q.category, q.turns) for q in questions] == [
+        (kind, (prompt,)) for kind, prompts in PROMPTS.items() for prompt in prompts]

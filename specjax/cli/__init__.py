@@ -1,5 +1,5 @@
-"""The `specjax` command line: demo, generate, chat, train, distill, train-drafter,
-datastore.
+"""The `specjax` command line: demo, generate, chat, bench, train, distill,
+train-drafter, datastore.
 
 This is the users' layer (DESIGN.md section 2): the one part of the specjax package that
 imports the model package `specjax_models`, and nothing else in specjax imports it
@@ -16,14 +16,14 @@ import argparse
 import os
 import sys
 
-from specjax.cli import chat, datastore, demo, generate, train, train_drafter
+from specjax.cli import bench, chat, datastore, demo, generate, train, train_drafter
 from specjax.cli.common import CliError, compilation_cache
 from specjax.cli.process import QUICK_COMMANDS, exit_now, pause_garbage_collection
 
 __all__ = ["CliError", "build_parser", "main", "run"]
 
 # In `specjax --help` order.
-COMMANDS = (demo, generate, chat, train, train_drafter, datastore)
+COMMANDS = (demo, generate, chat, bench, train, train_drafter, datastore)
 
 
 class Parser(argparse.ArgumentParser):

@@ -381,20 +381,30 @@ def load_head(args, choice, target):
 
 def load_pair(args, sampling, lookup, speculative: bool):
     """`(target, drafter or None, tokenizer)` for --model, --target, --draft, --drafter."""
-    import specjax
+    choice = drafter_choice(args)
+    target, tokenizer = load_target(args, needs_draft=speculative and choice == "model")
+    if not speculative:
+        return target, None, tokenizer
+    return target, load_drafter_choice(args, choice, target, sampling, lookup), tokenizer
+
+
+def load_target(args, needs_draft: bool = False):
+    """`(target, tokenizer)` for --hf, --gguf, --model and --target (on --mesh, in the
+    --layers layout, with --prefill-chunk); `needs_draft`: the draft model will be asked
+    for, so a SmolLM2 checkout without its distilled draft is refused before loading."""
     import specjax_models
 
-    choice = drafter_choice(args)
     mesh = parse_mesh(args)
     scan = scan_layers(args)  # the target's layout (--layers); drafts stay unrolled
     if getattr(args, "hf", None):
         target, tokenizer = load_hf(args.hf, mesh, scan)
+    elif getattr(args, "gguf", None):
+        target, tokenizer = load_gguf(args.gguf, mesh, scan)
     elif args.model == "smollm2":
         if args.target:
             raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
                            "loads SmolLM2 itself")
-        if speculative and choice == "model" and not args.draft \
-                and smollm2_draft(args) is None:
+        if needs_draft and not args.draft and smollm2_draft(args) is None:
             raise CliError("this checkout has no distilled SmolLM2 draft "
                            "(models/checkpoints/smollm2_draft): use --drafter prompt-lookup "
                            "(the default), --draft DIR with a draft that shares its "
@@ -406,19 +416,28 @@ def load_pair(args, sampling, lookup, speculative: bool):
         tokenizer = specjax_models.ByteTokenizer()
     if getattr(args, "prefill_chunk", None) is not None:
         target = target.with_prefill_chunk(args.prefill_chunk)
+    return target, tokenizer
+
+
+def load_drafter_choice(args, choice: str, target, sampling, lookup):
+    """The drafter `choice` names (--drafter's values, "model" the draft model), built
+    from the options in `args` and checked against `target`; None for `--skip auto` (the
+    command searches it on its prompt, `search_layer_skip`)."""
+    import specjax
+
     drafter = None
-    if speculative and choice == "prompt-lookup":
+    if choice == "prompt-lookup":
         drafter = lookup
-    elif speculative and choice in MODEL_FREE_CHOICES:
+    elif choice in MODEL_FREE_CHOICES:
         drafter = load_model_free(args, choice, target, sampling)
-    elif speculative and choice == PARALLEL:
+    elif choice == PARALLEL:
         drafter = load_parallel(args, target, sampling)
-    elif speculative and choice in SELF_CHOICES:
+    elif choice in SELF_CHOICES:
         skip = parse_skip(args.skip)
         if skip == "auto":  # searched on the prompt by the command (search_layer_skip)
-            return target, None, tokenizer
+            return None
         drafter = layer_skip(args, skip, target, sampling)
-    elif speculative and choice in (*HEAD_CHOICES, PUBLISHED):
+    elif choice in (*HEAD_CHOICES, PUBLISHED):
         drafter = (load_published(args, target) if choice == PUBLISHED
                    else load_head(args, choice, target))
         try:
@@ -427,7 +446,7 @@ def load_pair(args, sampling, lookup, speculative: bool):
             raise CliError(str(error)) from None
         if getattr(args, "k_from_heads", False) and hasattr(drafter, "num_heads"):
             args.num_draft_tokens = drafter.num_heads  # Medusa: as deep as its heads
-    elif speculative and args.model == "smollm2" and smollm2_draft(args) is not None:
+    elif args.model == "smollm2" and smollm2_draft(args) is not None:
         from specjax_models import load_layer_draft
 
         try:  # a distilled layer draft: its trained layers on SmolLM2's own embedding
@@ -436,11 +455,28 @@ def load_pair(args, sampling, lookup, speculative: bool):
         except ValueError as error:
             raise CliError(f"--draft {args.draft}: {error}") from None
         drafter.check(target, sampling)
-    elif speculative:
+    else:
         drafter = specjax.DraftModel(load_model(args.draft, "draft"),
                                      "greedy" if args.greedy_draft else "sample")
-        drafter.check(target, sampling)  # the library's vocabulary check, before decoding
-    return target, finish_drafter(args, drafter), tokenizer
+        try:
+            drafter.check(target, sampling)  # the library's vocabulary check, before decoding
+        except ValueError as error:
+            raise CliError(f"--draft {args.draft or '(the bundled draft)'}: {error}") from None
+    return finish_drafter(args, drafter)
+
+
+def load_gguf(path: str, mesh=None, scan: bool = False):
+    """A GGUF file's model (on `mesh` when given, its layers scanned when `scan`) and its
+    tokenizer, the loaders' refusals as the option's."""
+    import specjax_models
+
+    if not os.path.isfile(path):
+        raise CliError(f"--gguf {path} does not exist (expected a .gguf file)")
+    try:
+        return (specjax_models.from_gguf(path, scan_layers=scan, mesh=mesh),
+                specjax_models.gguf_tokenizer(path))
+    except (ValueError, ImportError) as error:
+        raise CliError(f"--gguf {path}: {error}") from None
 
 
 def finish_drafter(args, drafter):
