@@ -317,18 +317,19 @@ def run(target: CausalLM, methods: Sequence[BenchMethod], prompts: Sequence[Benc
     compiled: set = set()
     for index, unit in enumerate(units):
         if str(index) not in done_units:
-            unit_prompts = [prompts[i] for i in unit]
-            record = measure_unit(target, methods, unit_prompts, settings, compiled)
+            record = measure_unit(target, methods, [prompts[i] for i in unit], settings,
+                                  compiled)
             done_units[str(index)] = record
             if journal is not None:
                 _append(journal, {"unit": str(index), "record": record})
-            for method in methods:
-                if method.speculative and method.name not in costs:
-                    costs[method.name] = measure_costs(target, method,
-                                                       [list(p.ids) for p in unit_prompts],
-                                                       settings, cost_reps)
-                    if journal is not None:
-                        _append(journal, {"method": method.name, "costs": costs[method.name]})
+        # Each method's costs once, on the first unit (again after a resume that lacks them).
+        for method in methods:
+            if method.speculative and method.name not in costs:
+                costs[method.name] = measure_costs(target, method,
+                                                   [list(prompts[i].ids) for i in units[0]],
+                                                   settings, cost_reps)
+                if journal is not None:
+                    _append(journal, {"method": method.name, "costs": costs[method.name]})
         if progress is not None:
             progress(len(done_units), len(units), _running_speedups(done_units, methods))
     return summarise(methods=methods, prompts=prompts, units=units,

@@ -31,7 +31,7 @@ DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 # Pages whose blocks train, load SmolLM2 or run many decoders (minutes at -O0).
-SLOW_PAGES = {"drafters.md", "feature_heads.md", "checkpoints.md", "exactness.md",
+SLOW_PAGES = {"drafters.md", "feature_heads.md", "checkpoints.md", "exactness.md", "benchmarks.md",
               "design.md"}
 
 

@@ -367,7 +367,7 @@ def _measure(args, prepared, questions) -> int:
 
     sampling = specjax.SamplingConfig(temperature=args.temperature, top_k=args.top_k,
                                       top_p=args.top_p)
-    args.prefill_chunk, args.layers, args.mesh = None, "unrolled", None
+    args.prefill_chunk, args.layers, args.mesh, args.draft = None, "unrolled", None, None
     target, tokenizer = load_target(args, needs_draft=any(
         s.kind == "draft" and not s.get("dir") for s, _, _ in prepared))
     chat = bool(getattr(tokenizer, "chat_template", None)) or args.model == "smollm2"
