@@ -130,3 +130,19 @@ def test_the_issues_command_runs_on_the_bundled_pair_and_resumes(tmp_path):
     again = run_cli(*args, "--resume", timeout=600)
     assert again.returncode == 0, again.stderr
     assert json.loads(out.read_text())["rows"] == report["rows"]
+
+
+def test_limit_and_categories_pick_the_first_questions_of_each_category(tmp_path):
+    from specjax.cli import build_parser
+    from specjax.cli.bench import validate
+
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [f"q{i}"]})
+                            + "\n" for i, c in enumerate("aabbba")))
+    args = build_parser().parse_args(["bench", "--questions", str(path), "--limit", "2",
+                                      "--methods", "plain,draft[k=3]"])
+    specs, questions = validate(args)
+    assert [q.name for q in questions] == ["0", "1", "2", "3"]
+    assert [s.label for s in specs] == ["plain", "draft[k=3]"]
+    args = build_parser().parse_args(["bench", "--questions", str(path), "--categories", "b"])
+    assert [q.name for q in validate(args)[1]] == ["2", "3", "4"]

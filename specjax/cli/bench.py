@@ -244,11 +244,14 @@ def validate(args) -> tuple[list[MethodSpec], list]:
         questions = select_categories(questions, categories)
     except ValueError as error:
         raise CliError(f"--categories: {error}") from None
-    if args.limit is not None:
-        kept: dict[str, int] = {}
-        questions = [q for q in questions
-                     if kept.setdefault(q.category, 0) < args.limit
-                     and not kept.__setitem__(q.category, kept[q.category] + 1)]
+    if args.limit is not None:  # the first --limit questions of each category
+        rank: dict[str, int] = {}
+        limited = []
+        for question in questions:
+            rank[question.category] = rank.get(question.category, 0) + 1
+            if rank[question.category] <= args.limit:
+                limited.append(question)
+        questions = limited
     return specs, questions
 
 
