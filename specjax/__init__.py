@@ -21,6 +21,7 @@ _SOURCES = {
     "DraftModel": "specjax.drafters",
     "PromptLookup": "specjax.drafters",
     "ParallelDraft": "specjax.drafters",
+    "ParallelEagle": "specjax.drafters",
     "Lookahead": "specjax.drafters",
     "LayerSkip": "specjax.drafters",
     "EarlyExit": "specjax.drafters",
@@ -69,6 +70,7 @@ __all__ = [
     "LayerSkip",
     "Lookahead",
     "ParallelDraft",
+    "ParallelEagle",
     "PromptLookup",
     "Retrieval",
     "SamplingConfig",
@@ -129,6 +131,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
         LayerSkip,
         Lookahead,
         ParallelDraft,
+        ParallelEagle,
         PromptLookup,
         Retrieval,
     )

@@ -82,7 +82,10 @@ def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengt
         sequence=sequence, lengths=prompt_lengths_B, prompt_lengths=prompt_lengths_B,
         target_cache=cache,
         drafter_state=drafter.init(prompt_tokens_BP, prompt_lengths_B, capacity,
-                                   **({} if layers is None else {"features": features})),
+                                   **({} if layers is None else {"features": features}),
+                                   **({"num_draft_tokens": num_draft_tokens}
+                                      if getattr(drafter, "init_takes_draft_tokens", False)
+                                      else {})),
         done=~running_B, key=key, max_new_tokens=max_new_tokens,  # padding rows: done
         eos_ids=eos_ids, target_forwards=zeros, draft_forwards=zeros, proposed=zeros,
         checked=zeros, accepted=zeros,

@@ -36,6 +36,7 @@ from specjax.drafters import (
     Lookahead,
     Medusa,
     ParallelDraft,
+    ParallelEagle,
     Retrieval,
     eagle3_feature_layers,
 )
@@ -67,10 +68,11 @@ class Entry:
 
 
 def eagle(kind: str, method: str = "sample", reduced_vocab: bool = False,
-          min_confidence: float | None = None):
+          min_confidence: float | None = None, parallel: bool = False):
     """A randomly initialised feature head of `kind` on the target (its embedding, LM head
     and block shape): untrained, so its drafts are often rejected, which the suite needs
-    as much as accepted ones."""
+    as much as accepted ones. parallel: a P-EAGLE head (`ParallelEagle`, the target's
+    last id its mask token, its placeholder feature random)."""
 
     def make(draft, target):
         embedding, lm_head = specjax_models.embedding_and_head(target)
@@ -78,14 +80,19 @@ def eagle(kind: str, method: str = "sample", reduced_vocab: bool = False,
         num_layers = sum(1 for name in target.params["layers"].keys())
         layers = eagle3_feature_layers(num_layers) if kind == "eagle3" else ()
         config = FeatureHeadConfig(kind=kind, d_model=d_model, num_heads=2, num_kv_heads=1,
-                                   d_ff=2 * d_model, feature_layers=layers)
+                                   d_ff=2 * d_model, feature_layers=layers,
+                                   mask_id=embedding.shape[0] - 1 if parallel else None)
         # A reduced draft vocabulary: every other id (q = 0 for the rest).
         vocab = np.arange(0, embedding.shape[0], 2) if reduced_vocab else None
         head = Eagle.create(config, embedding, lm_head, jax.random.key(5), method, vocab)
         # Sharper than the 0.02 init, so the head's distribution is far from uniform.
         head = head.with_params(jax.tree.map(lambda x: 8.0 * x if x.ndim == 2 else x,
                                              head.params))
-        return dataclasses.replace(head, min_confidence=min_confidence)
+        head = dataclasses.replace(head, min_confidence=min_confidence)
+        if not parallel:
+            return head
+        mask_hidden = jax.random.normal(jax.random.key(7), (d_model,))
+        return ParallelEagle(head.with_params({**head.params, "mask_hidden": mask_hidden}))
 
     return make
 
@@ -268,6 +275,22 @@ ENTRIES = {
                                                  slow_stats=True),
     "eagle3, dynamic tree, top-k": Entry(eagle("eagle3"), None, DYNAMIC_TREE,
                                          slow_greedy=True, slow_stats=True),
+    # P-EAGLE: K drafts from one head forward over [committed pairs, K - 1 placeholders].
+    "P-EAGLE head, chain, sampled": Entry(eagle("eagle3", parallel=True)),
+    "P-EAGLE head, chain, argmax": Entry(eagle("eagle3", "greedy", parallel=True),
+                                         stat_prompt=(3, 1, 4), slow_greedy=True,
+                                         slow_stats=True),
+    "P-EAGLE head, static tree, sampled": Entry(eagle("eagle3", parallel=True), None,
+                                                STATIC_TREE, slow_greedy=True, slow_stats=True),
+    "P-EAGLE head, dynamic tree, top-k": Entry(eagle("eagle3", parallel=True), None,
+                                               DYNAMIC_TREE, slow_greedy=True, slow_stats=True),
+    "P-EAGLE head, chain, reduced draft vocabulary": Entry(
+        eagle("eagle3", reduced_vocab=True, parallel=True), slow_greedy=True, slow_stats=True),
+    "P-EAGLE head, chain, confidence threshold": Entry(
+        eagle("eagle3", min_confidence=0.3, parallel=True), slow_greedy=True, slow_stats=True),
+    "P-EAGLE head, chain, sampled, token rule": Entry(
+        eagle("eagle3", parallel=True), verification="token", slow_greedy=True,
+        slow_stats=True),
     "medusa, chain, top-1": Entry(medusa("greedy"), slow_stats=True),
     "medusa, chain, sampled": Entry(medusa("sample"), slow_greedy=True, slow_stats=True),
     "medusa, static tree, top-k": Entry(medusa(), None, MEDUSA_TREE, slow_greedy=True,

@@ -73,6 +73,10 @@ class FeatureHeadConfig:
     switches (module docstring); the defaults are the heads `specjax train-drafter` trains.
     own_lm_head / own_embedding: the head's LM head (EAGLE-3's over its draft vocabulary)
     or embedding is its own, not the target's, so `Eagle.save` keeps it.
+    mask_id: a parallel head (P-EAGLE, `specjax.drafters.ParallelEagle`): the token of the
+    placeholder pairs (mask_id, the learned feature `mask_hidden`) that stand for the
+    drafts after the last committed token, so one head forward drafts K positions; None
+    for an autoregressive head.
     """
 
     kind: str
@@ -97,8 +101,17 @@ class FeatureHeadConfig:
     norm_output: bool = False
     own_lm_head: bool = False
     own_embedding: bool = False
+    mask_id: int | None = None
 
     def __post_init__(self):
+        if self.mask_id is not None:
+            if isinstance(self.mask_id, bool) or not isinstance(self.mask_id, int) or \
+                    self.mask_id < 0:
+                raise ValueError(f"mask_id must be a token id >= 0 (or None), got "
+                                 f"{self.mask_id!r}")
+            if self.kind not in ("eagle1", "eagle3"):
+                raise ValueError(f"mask_id makes a parallel (P-EAGLE) head of kind eagle1 or "
+                                 f"eagle3; a {self.kind} head drafts autoregressively")
         if self.kind not in HEAD_KINDS:
             raise ValueError(f"kind must be one of {HEAD_KINDS}, got {self.kind!r}")
         object.__setattr__(self, "feature_layers", tuple(int(x) for x in self.feature_layers))
@@ -205,6 +218,9 @@ def init_head_params(config: FeatureHeadConfig, key: Array) -> dict:
         params["fc_bias"] = jnp.zeros((d,), jnp.float32)
     if fuse_norm_shape is not None:
         params["fuse_norm"] = jnp.ones(fuse_norm_shape, jnp.float32)
+    if config.mask_id is not None:  # P-EAGLE's placeholder feature for the drafts' pairs
+        params["mask_hidden"] = 0.02 * jax.random.normal(jax.random.fold_in(key, 1), (d,),
+                                                         jnp.float32)
     if config.qkv_bias:
         for name, width in (("bq", config.num_heads), ("bk", config.num_kv_heads),
                             ("bv", config.num_kv_heads)):

@@ -37,16 +37,14 @@ import jax.numpy as jnp
 from jax import Array
 
 from specjax.causal_lm import CausalLM, prefill
-from specjax.drafters.base import (
-    Commit,
-    DraftContext,
-    Proposal,
-    confident_drafts,
-    token_confidence,
+from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.drafters.draft_model import DraftModel, check_draft_fields
+from specjax.drafters.offset_proposals import (
+    chain_from_offsets,
+    dynamic_tree_from_offsets,
+    static_tree_from_offsets,
 )
-from specjax.drafters.draft_model import DraftModel, check_draft_fields, draw_children
-from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
-from specjax.sampling import SamplingConfig, SamplingParams, draw_with_q, tree_scores
+from specjax.sampling import SamplingConfig, SamplingParams
 from specjax.sharding import place_like_target
 from specjax.trees import DynamicTree, TreeShape
 
@@ -156,9 +154,6 @@ class ParallelDraft:
         logits_BKV = jnp.take_along_axis(logits_BWV, wanted_BK[..., None], axis=1)
         return cache, logits_BKV
 
-    def _target_logits(self, logits_BV: Array, vocab_size: int) -> Array:
-        return self._vocab.target_logits(logits_BV, vocab_size)
-
     def propose(self, state: ParallelDraftState, context: DraftContext, key: Array, *,
                 num_draft_tokens: int, sampling: SamplingParams, vocab_size: int,
                 tree: TreeShape | DynamicTree | None = None
@@ -167,66 +162,15 @@ class ParallelDraft:
         depth = num_draft_tokens if tree is None else tree.max_depth
         cache, logits_BKV = self.position_logits(state, context, depth)
         new_state = ParallelDraftState(cache)
+        offsets = lambda d: self._vocab.target_logits(logits_BKV[:, d], vocab_size)
         if isinstance(tree, DynamicTree):
-            return new_state, self._dynamic_tree(logits_BKV, tree, sampling, vocab_size)
+            return new_state, dynamic_tree_from_offsets(offsets, tree, sampling, vocab_size)
         if tree is not None:
-            return new_state, self._static_tree(key, logits_BKV, tree, sampling, vocab_size)
-        tokens, qs, confidence = [], [], []
-        for position, position_key in enumerate(jax.random.split(key, num_draft_tokens)):
-            logits_BV = self._target_logits(logits_BKV[:, position], vocab_size)
-            token_B, q_BV = draw_with_q(position_key, logits_BV, sampling,
-                                        deterministic=self.method == "greedy")
-            tokens.append(token_B)
-            qs.append(q_BV)
-            if self.min_confidence is not None:
-                confidence.append(token_confidence(logits_BV, token_B))
-        num_real_B = None
-        if self.min_confidence is not None:  # static
-            num_real_B = confident_drafts(jnp.stack(confidence, axis=1), self.min_confidence)
-        return new_state, Proposal(tokens=jnp.stack(tokens, axis=1), q=jnp.stack(qs, axis=1),
-                                   num_real=num_real_B)
-
-    def _static_tree(self, key: Array, logits_BDV: Array, tree: TreeShape,
-                     sampling: SamplingParams, vocab_size: int) -> Proposal:
-        """Every node of a static tree: the children of a depth-d node (the root: d = 0)
-        from the distribution at position d + 1, each parent's drawn on its own."""
-        batch, num_nodes = logits_BDV.shape[0], tree.num_nodes
-        children_of: dict[int, list[int]] = {}
-        for node, parent in enumerate(tree.parents):
-            children_of.setdefault(parent, []).append(node)
-        depth_of = {-1: 0, **{node: d for node, d in enumerate(tree.depths)}}
-        node_keys = jax.random.split(key, num_nodes + 1)
-        tokens_BN = jnp.zeros((batch, num_nodes), jnp.int32)
-        q_BNV = None if (self.method == "greedy" or sampling.greedy) else jnp.zeros(
-            (batch, num_nodes, vocab_size), jnp.float32)
-        never_BN = jnp.zeros((batch, num_nodes), bool)
-        for parent, nodes in children_of.items():  # static
-            index = jnp.asarray(nodes)
-            logits_BV = self._target_logits(logits_BDV[:, depth_of[parent]], vocab_size)
-            toks, qs, never = draw_children(node_keys[parent + 1], logits_BV, len(nodes),
-                                            sampling, deterministic=self.method == "greedy")
-            tokens_BN = tokens_BN.at[:, index].set(toks)
-            never_BN = never_BN.at[:, index].set(never)
-            if q_BNV is not None:
-                q_BNV = q_BNV.at[:, index].set(qs)
-        return Proposal(tokens=tokens_BN, q=q_BNV, never_accept=never_BN)
-
-    def _dynamic_tree(self, logits_BDV: Array, tree: DynamicTree, sampling: SamplingParams,
-                      vocab_size: int) -> Proposal:
-        """An EAGLE-2 tree per row (`specjax.dynamic_trees`), every frontier node at depth d
-        expanded from the distribution at position d + 1: no further forward."""
-        scores_BDV = jnp.stack([tree_scores(self._target_logits(logits_BDV[:, d], vocab_size),
-                                            sampling)
-                                for d in range(tree.max_depth)], axis=1)
-
-        def expand(carry, nodes: ExpandedNodes):
-            depth_B = nodes.depths[:, -1]  # the frontier's depth, the same across it
-            scores_BV = jnp.take_along_axis(scores_BDV, depth_B[:, None, None], axis=1)[:, 0]
-            return carry, jnp.broadcast_to(scores_BV[:, None],
-                                           (scores_BV.shape[0], tree.top_k, vocab_size))
-
-        _, tokens_BN, parents_BN = grow_dynamic_tree(tree, scores_BDV[:, 0], expand, None)
-        return Proposal(tokens=tokens_BN, q=None, parents=parents_BN)
+            return new_state, static_tree_from_offsets(
+                key, offsets, tree, sampling, vocab_size, deterministic=self.method == "greedy")
+        return new_state, chain_from_offsets(
+            key, offsets, num_draft_tokens, sampling, deterministic=self.method == "greedy",
+            min_confidence=self.min_confidence)
 
     def commit(self, state: ParallelDraftState, commit: Commit) -> ParallelDraftState:
         # The cache holds the committed tokens up to the step's old length; the rest of the
