@@ -22,7 +22,8 @@ drafters: Medusa, EAGLE-1, EAGLE-3 and MTP heads, by self-distillation, `train_h
 reduced vocabulary if it has one, with frozen parameter groups such as a shared
 embedding), `online` (`OnlineDistiller`: online speculative decoding, the draft learning
 from the traffic it serves, between calls), `parallel` (`train_parallel`: a draft adapted
-into a parallel draft, PARD, with conditional drop tokens).
+into a parallel draft, PARD, with conditional drop tokens), `parallel_heads`
+(`train_parallel_head`: a P-EAGLE head, K drafts per head forward, in PARD's layout).
 """
 
 from specjax.training.cached import DISTILL_KEYS, distill_cached, soft_label_terms
@@ -41,11 +42,14 @@ from specjax.training.heads import (
 from specjax.training.loop import BatchFn, TrainResult, distill, train
 from specjax.training.losses import distill_loss, next_token_loss
 from specjax.training.online import OnlineConfig, OnlineDistiller
+from specjax.training.parallel import ParallelTrainConfig, train_parallel
+from specjax.training.parallel_heads import train_parallel_head, with_placeholder
 from specjax.training.progress import Progress
 
 __all__ = ["DISTILL_KEYS", "DIVERGENCES", "HEAD_METHODS", "BatchFn", "DistillConfig",
-           "HeadTrainConfig", "OnlineConfig", "OnlineDistiller", "Progress", "TrainConfig",
+           "HeadTrainConfig", "OnlineConfig", "OnlineDistiller", "ParallelTrainConfig",
+           "Progress", "TrainConfig",
            "TrainResult", "cache_target_outputs", "distill", "distill_cached", "distill_loss",
            "draft_label_index", "head_acceptance", "head_loss", "next_token_loss",
            "self_distillation_data", "soft_label_terms", "train", "train_head",
-           "train_head_cached"]
+           "train_head_cached", "train_parallel", "train_parallel_head", "with_placeholder"]

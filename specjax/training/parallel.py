@@ -155,22 +155,36 @@ def slot_terms(draft: CausalLM, batch: Mapping, config: ParallelTrainConfig) -> 
     cross_entropy_BS = -jnp.sum(jnp.where(reachable_BSK, label_probs_BSK * log_q_BSK, 0.0), -1)
     accept_BS = jnp.sum(jnp.where(reachable_BSK,
                                   jnp.minimum(label_probs_BSK, jnp.exp(log_q_BSK)), 0.0), -1)
-    held_BS = jax.lax.stop_gradient(accept_BS)
+    return {"cross_entropy": cross_entropy_BS, "acceptance": accept_BS,
+            "reached": chain_reached(accept_BS, chain_S, config.positions),
+            "valid": valid_BS}
+
+
+def chain_reached(acceptance_BS: Array, chain_S: Array, positions: int) -> Array:
+    """float32 [B, S]: per slot of a packed layout, the product of the acceptances of the
+    slots before it on its chain (1 for copy 0), held constant in the gradient: the
+    chance that its offset is reached at all."""
+    held_BS = jax.lax.stop_gradient(acceptance_BS)
     reached_BS = jnp.ones_like(held_BS)
-    for _ in range(config.positions - 1):  # static: one link of the chain per pass
+    for _ in range(positions - 1):  # static: one link of the chain per pass
         link_BS = jnp.take_along_axis(held_BS * reached_BS, jnp.maximum(chain_S, 0)[None],
                                       axis=1)
         reached_BS = jnp.where((chain_S >= 0)[None], link_BS, 1.0)
-    return {"cross_entropy": cross_entropy_BS, "acceptance": accept_BS,
-            "reached": reached_BS, "valid": valid_BS}
+    return reached_BS
 
 
 def parallel_terms(draft: CausalLM, batch: Mapping, config: ParallelTrainConfig
                    ) -> tuple[Array, dict]:
-    """(loss, metrics) of one batch (`batch`: DISTILL_KEYS and a layout). The loss is the
-    mean cross-entropy over valid slots, weighted by `reached` when `config.aligned`."""
-    terms = slot_terms(draft, batch, config)
-    valid_BS, copy_S = terms["valid"], batch["copy"]
+    """(loss, metrics) of one batch (`batch`: DISTILL_KEYS and a layout)."""
+    return layout_loss_and_metrics(slot_terms(draft, batch, config), batch["copy"], config)
+
+
+def layout_loss_and_metrics(terms: Mapping, copy_S: Array, config: ParallelTrainConfig
+                            ) -> tuple[Array, dict]:
+    """(loss, metrics) from per-slot `terms` (cross_entropy, acceptance, reached, valid,
+    each [B, S]): the mean cross-entropy over valid slots, weighted by `reached` when
+    `config.aligned`; `acceptance@c` per offset and `expected_accepted`."""
+    valid_BS = terms["valid"]
     weight_BS = terms["reached"] if config.aligned else jnp.ones_like(terms["reached"])
     weight_BS = weight_BS * valid_BS.astype(jnp.float32)
     loss = jnp.sum(terms["cross_entropy"] * weight_BS) / jnp.maximum(jnp.sum(weight_BS), 1e-6)
