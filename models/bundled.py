@@ -19,8 +19,10 @@ MODEL_NAMES = ("target", "draft")
 HEAD_NAMES = ("medusa", "eagle", "eagle3", "mtp", "kangaroo")
 # The draft adapted into a parallel draft (PARD; specjax.drafters.ParallelDraft).
 PARALLEL_NAME = "parallel"
-# Its mask token: byte 0xFF, which never occurs in UTF-8 text.
+# Its mask token: byte 0xFF, which never occurs in UTF-8 text (the P-EAGLE head's too).
 PARALLEL_MASK_ID = 255
+# The EAGLE-3 head adapted into a P-EAGLE head (specjax.drafters.ParallelEagle).
+PARALLEL_HEAD_NAME = "p-eagle"
 # Drafters for SmolLM2-135M-Instruct shipped with the package (see their MODEL_CARDs): an
 # EAGLE-3 head, a Kangaroo adapter and a distilled layer draft (specjax_models.recipes
 # trains them).
@@ -29,7 +31,7 @@ SMOLLM2_KANGAROO = CHECKPOINTS / "smollm2_kangaroo"
 SMOLLM2_DRAFT = CHECKPOINTS / "smollm2_draft"
 # SmolLM2's own answers as a retrieval datastore (specjax_models.recipes.smollm2_datastore).
 SMOLLM2_DATASTORE = CHECKPOINTS / "smollm2_datastore.npz"
-NAMES = MODEL_NAMES + HEAD_NAMES + (PARALLEL_NAME,)
+NAMES = MODEL_NAMES + HEAD_NAMES + (PARALLEL_NAME, PARALLEL_HEAD_NAME)
 
 TARGET_CONFIG = TransformerConfig(vocab_size=VOCAB_SIZE, num_layers=6, d_model=256,
                                   num_heads=8, num_kv_heads=4, d_ff=768, max_seq_len=2048,
@@ -54,6 +56,7 @@ def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
     "mtp": a `specjax.drafters.Medusa` / `Eagle` sharing the float32 target's embedding and
     LM head; "kangaroo": a `specjax.drafters.EarlyExit` adapter over its first 2 blocks;
     "parallel": the draft adapted into a `specjax.drafters.ParallelDraft`, PARD;
+    "p-eagle": the EAGLE-3 head adapted into a `specjax.drafters.ParallelEagle`;
     `draft_method` "sample" or "greedy", default each drafter's)."""
     path = bundled_path(name)
     if name == PARALLEL_NAME:
@@ -64,6 +67,15 @@ def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
         from specjax_models.parallel_drafts import load_parallel_draft
 
         return load_parallel_draft(path, draft_method or "sample", dtype)
+    if name == PARALLEL_HEAD_NAME:
+        from specjax.drafters import ParallelEagle
+        from specjax_models.heads import load_head_for
+
+        if not (path / "head.npz").exists():
+            raise FileNotFoundError(
+                f"the bundled P-EAGLE head is missing at {path}; train it with `specjax "
+                f"train-drafter --method p-eagle --out {path}`")
+        return ParallelEagle(load_head_for(path, load_bundled("target"), draft_method))
     if name in HEAD_NAMES:
         from specjax_models.heads import load_head_for
 
@@ -73,8 +85,8 @@ def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
                 f"train-drafter --method {name} --out {path}`")
         return load_head_for(path, load_bundled("target"), draft_method)
     if draft_method is not None:
-        raise ValueError("draft_method is for the feature drafters (medusa, eagle, eagle3, mtp, "
-                         "kangaroo)")
+        raise ValueError("draft_method is for the drafters (medusa, eagle, eagle3, mtp, "
+                         "kangaroo, parallel, p-eagle)")
     if mesh is None and rules is not None:
         raise ValueError("rules= needs mesh=: pass the jax.sharding.Mesh to place on")
     if not (path / "params").exists():

@@ -32,7 +32,7 @@ from conftest import run_cli
     (["generate", "x", "--model", "smollm2", "--drafter", "mtp"],
      "pass --head DIR with a head trained on this target"),
     (["generate", "x", "--drafter", "lookahead", "--min-confidence", "0.5"],
-     "model, eagle, eagle3, mtp, kangaroo, parallel or layer-skip"),
+     "model, eagle, eagle3, mtp, kangaroo, parallel, p-eagle or layer-skip"),
     (["train-drafter", "--model", "smollm2", "--method", "eagle3", "--out", "/tmp/x",
       "--chat-prompts", "4", "--rewrite-prompts", "8"], "--rewrite-prompts at most"),
     (["train-drafter", "--model", "smollm2", "--method", "eagle3", "--out", "/tmp/x",
@@ -54,6 +54,14 @@ from conftest import run_cli
      "/nope does not exist"),
     (["distill", "--target", "/nope", "--draft", "/nope", "--out", "/tmp/x"],
      "/nope does not exist"),
+    (["train-drafter", "--method", "p-eagle", "--out", "/tmp/x", "--mask-id", "300"],
+     "--mask-id 300 is outside the target's vocabulary"),
+    (["train-drafter", "--method", "p-eagle", "--out", "/tmp/x", "--draft", "BUNDLED/medusa"],
+     "starts from an EAGLE-1 or EAGLE-3 head; this one is 'medusa'"),
+    (["train-drafter", "--method", "p-eagle", "--out", "/tmp/x", "--target",
+      "BUNDLED/target"], "with --target, pass --draft HEAD_DIR"),
+    (["generate", "x", "--drafter", "p-eagle", "--head", "BUNDLED/eagle3"],
+     "drafts autoregressively (no placeholder)"),
     (["generate", "x", "--seed", str(2**70)], "is outside [0, 2**63 - 1]"),
     (["generate", "x", "--seed", "-1"], "argument --seed: -1 is outside"),
     (["generate", "x", "--top-k", "many"], "argument --top-k: invalid int value"),
@@ -62,8 +70,11 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     """In this process (`main`, as the script runs it; the compilation cache left alone):
     a fresh process per case cost a jax import each. The subprocess path is checked
     below on two of them."""
+    import specjax_models
     from specjax.cli import main
 
+    bundled = str(specjax_models.bundled.CHECKPOINTS)
+    args = [arg.replace("BUNDLED", bundled) for arg in args]
     assert main([*args, "--no-compilation-cache"]) == 2
     out = capsys.readouterr()
     assert message in out.err and len(out.err.strip().splitlines()) == 1

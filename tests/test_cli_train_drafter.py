@@ -84,6 +84,35 @@ def test_train_a_parallel_draft_then_generate_with_it(tmp_path):
     assert stats["draft_forwards"] == stats["target_forwards"]
 
 
+@pytest.mark.slow
+def test_train_a_p_eagle_head_then_generate_with_it(tmp_path):
+    """`train-drafter --method p-eagle` adapts the bundled EAGLE-3 head into a P-EAGLE head
+    that `generate --drafter p-eagle --head OUT` decodes with (one head forward per step),
+    greedy output equal to plain decoding; a resumed run continues it."""
+    data = tmp_path / "corpus"
+    corpus.build_corpus(max_files=30).save(data)
+    out = tmp_path / "p-eagle"
+    common = ["--method", "p-eagle", "--out", str(out), "--sequences", "16", "--seq-len",
+              "40", "--prompt-len", "16", "--batch-size", "8", "--eval-batches", "1",
+              "--eval-every", "2", "--log-every", "1", "--positions", "4", "--corpus",
+              str(data)]
+    first = run_cli("train-drafter", "--steps", "2", *common)
+    assert first.returncode == 0, first.stderr
+    assert "acceptance@4" in first.stdout and "expected_accepted" in first.stdout
+    resumed = run_cli("train-drafter", "--steps", "3", *common)
+    assert "resuming from step 2 of 3" in resumed.stderr, resumed.stderr
+    assert json.loads((out / "head.json").read_text())["config"]["mask_id"] == 255
+    assert json.loads((out / "metadata.json").read_text())["steps_done"] == 3
+    prompt = "def parse(source):\n    "
+    spec = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--drafter",
+                   "p-eagle", "--head", str(out), "--num-draft-tokens", "4")
+    plain = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--no-speculation")
+    assert spec.returncode == 0, spec.stderr
+    assert json.loads(spec.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
+    stats = json.loads(spec.stdout)["stats"]
+    assert stats["draft_forwards"] == stats["target_forwards"]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--mask-id", "259"], "--mask-id 259 is outside the draft's vocabulary"),
     (["--positions", "0"], "--positions must be an int in [1, 64]"),

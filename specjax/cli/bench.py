@@ -37,6 +37,8 @@ METHODS = {
     "eagle3": ("an EAGLE-3 head (dir=HEAD; the bundled target's and SmolLM2's ship)",
                "eagle3"),
     "mtp": ("an MTP head (dir=HEAD; the bundled target's ships)", "mtp"),
+    "p-eagle": ("a P-EAGLE head: every draft of a step from one head forward (dir=HEAD; "
+                "the bundled target's ships)", "p-eagle"),
     "published": ("a published drafter directory (dir=DIR: EAGLE-1/2/3, Medusa-1, MiMo "
                   "MTP, read by specjax_models.load_drafter)", "published"),
 }
@@ -299,7 +301,8 @@ def method_args(args, spec: MethodSpec) -> argparse.Namespace:
     method = argparse.Namespace(**vars(args))
     method.drafter = METHODS[kind][1] if kind != "published" else None
     method.draft = directory if kind in ("draft", "parallel") else None
-    method.head = directory if kind in ("kangaroo", "medusa", "eagle", "eagle3", "mtp") else None
+    method.head = directory if kind in ("kangaroo", "medusa", "eagle", "eagle3", "mtp",
+                                        "p-eagle") else None
     method.drafter_dir = directory if kind == "published" else None
     method.datastore = directory if kind == "retrieval" else None
     method.greedy_draft = "greedy" in given

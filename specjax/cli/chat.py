@@ -47,7 +47,8 @@ def register(sub) -> None:
                          "draft from `specjax train-drafter --model smollm2 --method draft` "
                          "(default: none, prompt lookup drafts)")
     ch.add_argument("--drafter", choices=["model", "prompt-lookup", "lookahead", "retrieval",
-                                          "layer-skip", "eagle3", "kangaroo", "parallel"],
+                                          "layer-skip", "eagle3", "kangaroo", "parallel",
+                                          "p-eagle"],
                     default=None,
                     help="default: prompt-lookup (model when --draft is given); model: "
                          "SmolLM2's shipped distilled layer draft, or --draft DIR; lookahead: "
@@ -57,11 +58,12 @@ def register(sub) -> None:
                          "itself without the --skip blocks; eagle3: SmolLM2's shipped "
                          "EAGLE-3 head, or --head DIR; kangaroo: SmolLM2's shipped Kangaroo "
                          "adapter over its first 2 blocks, or --head DIR; parallel: a parallel "
-                         "draft (PARD) sharing SmolLM2's tokenizer, --draft DIR")
+                         "draft (PARD) sharing SmolLM2's tokenizer, --draft DIR; p-eagle: a "
+                         "P-EAGLE head trained on SmolLM2, --head DIR")
     ch.add_argument("--head", default=None,
-                    help="an EAGLE-3 head or a Kangaroo adapter trained on SmolLM2 (specjax "
-                         "train-drafter --model smollm2; default: the shipped one of "
-                         "--drafter eagle3 / kangaroo)")
+                    help="an EAGLE-3 head, a Kangaroo adapter or a P-EAGLE head trained on "
+                         "SmolLM2 (specjax train-drafter --model smollm2; default: the "
+                         "shipped one of --drafter eagle3 / kangaroo)")
     ch.add_argument("--num-draft-tokens", type=int, default=4,
                     help="K, drafts verified per target forward (default: %(default)s)")
     add_sampling(ch)

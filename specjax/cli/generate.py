@@ -93,8 +93,9 @@ def register(sub) -> None:
                           "with --skip blocks skipped (layer-skip), or a "
                           "feature head reading the target's hidden states (medusa, eagle, "
                           "eagle3, mtp; kangaroo: an adapter over the target's first "
-                          "blocks, Kangaroo's early exit; the bundled target ships trained "
-                          "ones) (default: "
+                          "blocks, Kangaroo's early exit; p-eagle: a P-EAGLE head, every "
+                          "draft of a step from one head forward; the bundled target ships "
+                          "trained ones) (default: "
                           "model for the bundled pair, prompt-lookup for smollm2; eagle3 and "
                           "kangaroo with --model smollm2 use its shipped EAGLE-3 head and "
                           "Kangaroo adapter)")
@@ -109,7 +110,8 @@ def register(sub) -> None:
                           "speculators layout), EAGLE-1/2 or Medusa-1 heads")
     gen.add_argument("--head", default=None,
                      help="a feature head trained by `specjax train-drafter` for --drafter "
-                          "medusa/eagle/eagle3/mtp/kangaroo (default: the bundled target's)")
+                          "medusa/eagle/eagle3/mtp/kangaroo/p-eagle (default: the bundled "
+                          "target's)")
     gen.add_argument("--mesh", default=None, metavar="AXES",
                      help="shard the target over the devices: model=N (tensor parallel: "
                           "heads and MLP columns split over N devices, the device count; "

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from specjax.cli.common import CliError, check_dir, rule_for, scan_layers, verification_rule
 
-HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp", "kangaroo")
+HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp", "kangaroo", "p-eagle")
+P_EAGLE = "p-eagle"  # a parallel EAGLE head: K drafts from one head forward
 MODEL_FREE_CHOICES = ("lookahead", "retrieval")
 SELF_CHOICES = ("layer-skip",)
 PARALLEL = "parallel"  # a parallel draft (PARD): --draft DIR, or the bundled pair's
@@ -58,7 +59,7 @@ def validate_decoding(args):
                        "as `specjax train-drafter` writes)")
     choice = drafter_choice(args)
     if head is not None and choice not in HEAD_CHOICES:
-        raise CliError("--head needs --drafter medusa, eagle, eagle3, mtp or kangaroo")
+        raise CliError("--head needs --drafter medusa, eagle, eagle3, mtp, kangaroo or p-eagle")
     shipped_for_smollm2 = (args.model == "smollm2" and choice in ("eagle3", "kangaroo")
                            and smollm2_head(choice) is not None)
     if head is None and choice in HEAD_CHOICES and (args.model != "bundled" or args.target) \
@@ -271,9 +272,10 @@ def check_min_confidence(args, tree) -> None:
     except ValueError as error:
         raise CliError(str(error).replace("min_confidence", "--min-confidence")) from None
     if drafter_choice(args) not in ("model", "eagle", "eagle3", "mtp", "kangaroo", PARALLEL,
-                                    *SELF_CHOICES):
+                                    P_EAGLE, *SELF_CHOICES):
         raise CliError("--min-confidence needs a drafter that scores its drafts (--drafter "
-                       "model, eagle, eagle3, mtp, kangaroo, parallel or layer-skip)")
+                       "model, eagle, eagle3, mtp, kangaroo, parallel, p-eagle or "
+                       "layer-skip)")
     if tree is not None:
         raise CliError("--min-confidence is for chains (each step verifies its confident "
                        "drafts); a --dynamic-tree already keeps the likeliest nodes")
@@ -287,7 +289,7 @@ def parse_tree(args):
 
     if drafter_choice(args) in ("prompt-lookup", *MODEL_FREE_CHOICES) or args.no_speculation:
         raise CliError("--dynamic-tree needs a drafter that scores tokens (--drafter model, "
-                       "parallel, medusa, eagle, eagle3 or mtp; speculation on)")
+                       "parallel, medusa, eagle, eagle3, mtp or p-eagle; speculation on)")
     parts = args.dynamic_tree.split(",")
     if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
         raise CliError(f"--dynamic-tree takes NODES,DEPTH,TOP_K (three integers, e.g. "
@@ -374,9 +376,19 @@ def load_head(args, choice, target):
                              else specjax_models.bundled.bundled_path(choice))
     method = "greedy" if args.greedy_draft else None
     try:
-        return load_head_for(directory, target, method)
+        head = load_head_for(directory, target, method)
     except FileNotFoundError as error:
         raise CliError(str(error)) from None
+    if choice != P_EAGLE:
+        return head
+    from specjax.drafters import Eagle, ParallelEagle
+
+    if not isinstance(head, Eagle) or head.config.mask_id is None:
+        raise CliError(f"--drafter p-eagle: the head in {directory} drafts autoregressively "
+                       "(no placeholder); pass --head DIR with a P-EAGLE head (`specjax "
+                       "train-drafter --method p-eagle --draft HEAD_DIR --out DIR`), or run "
+                       "this one with --drafter eagle3")
+    return ParallelEagle(head)
 
 
 def load_pair(args, sampling, lookup, speculative: bool):

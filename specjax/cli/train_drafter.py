@@ -46,7 +46,7 @@ def register(sub) -> None:
                         "--batch-size 16 --learning-rate 1e-3 --seq-len 256 "
                         "--checkpoint-every 25 --eval-every 50.")
     td.add_argument("--method", choices=["medusa", "eagle", "eagle3", "mtp", "kangaroo",
-                                         "draft", "pard"],
+                                         "draft", "pard", "p-eagle"],
                     required=True,
                     help="medusa: heads on the last hidden state; eagle: EAGLE-1 (feature "
                          "regression); eagle3: EAGLE-3 (three fused layers, training-time "
@@ -58,7 +58,11 @@ def register(sub) -> None:
                          "draft model (--draft, default the bundled draft) adapted into a "
                          "parallel draft that proposes --positions drafts in one forward "
                          "(PARD, with conditional drop tokens), on the target's "
-                         "continuations and its cached top-k probabilities")
+                         "continuations and its cached top-k probabilities; p-eagle: an "
+                         "EAGLE head (--draft HEAD_DIR, default the bundled EAGLE-3 head) "
+                         "adapted into a P-EAGLE head that drafts --positions tokens in one "
+                         "head forward from learned placeholders, in the same packed layout "
+                         "(COD, --aligned), the target run in each step")
     td.add_argument("--exit-layer", type=int, default=2,
                     help="--method kangaroo: the adapter reads the stream after the target's "
                          "first N blocks; each draft runs those N blocks, the adapter and the "
@@ -68,22 +72,26 @@ def register(sub) -> None:
                          "this order (default: %(default)s)")
     td.add_argument("--draft", default=None,
                     help="--method pard: the draft model to adapt (a checkpoint directory; "
-                         "default: the bundled draft)")
+                         "default: the bundled draft); --method p-eagle: the EAGLE-1 or "
+                         "EAGLE-3 head to adapt (a head directory; default: the bundled "
+                         "target's EAGLE-3 head)")
     td.add_argument("--positions", type=int, default=8,
-                    help="--method pard: drafts predicted at once, the largest K it is "
+                    help="--method pard / p-eagle: drafts predicted at once, the largest K it is "
                          "trained for (default: %(default)s)")
     td.add_argument("--mask-id", type=int, default=None,
-                    help="--method pard: the mask token, an id the texts never hold "
+                    help="--method pard / p-eagle: the mask token, an id the texts never hold "
                          "(default: 255 for the bundled byte vocabulary, 0xFF never occurs "
                          "in UTF-8)")
     td.add_argument("--cod-ratio", type=float, default=0.5,
-                    help="--method pard: conditional drop tokens, mask copy c keeps this**c "
+                    help="--method pard / p-eagle: conditional drop tokens, mask copy c keeps "
+                         "this**c "
                          "of the positions (1 keeps all; default: %(default)s)")
     td.add_argument("--cod-min", type=float, default=0.1,
-                    help="--method pard: ... and at least this fraction (default: "
+                    help="--method pard / p-eagle: ... and at least this fraction (default: "
                          "%(default)s)")
     td.add_argument("--aligned", action="store_true",
-                    help="--method pard: weight each offset by the chance it is reached "
+                    help="--method pard / p-eagle: weight each offset by the chance it is "
+                         "reached "
                          "(PARD-2's target-aligned training, our reading)")
     td.add_argument("--model", choices=["bundled", "smollm2"], default="bundled",
                     help="bundled: the byte-level target (or --target); smollm2: "
@@ -187,10 +195,13 @@ def run(args) -> int:
     if args.method == "draft":
         raise CliError("--method draft distils a layer draft of SmolLM2 (--model smollm2); "
                        "the bundled pair's draft model is distilled with `specjax distill`")
-    if args.method == "pard":
-        return _train_parallel(args)
+    if args.method in ("pard", "p-eagle"):
+        from specjax.cli.train_parallel import train_parallel_drafter
+
+        return train_parallel_drafter(args, _drafter_data)
     if args.draft is not None:
-        raise CliError("--draft is the draft model --method pard adapts")
+        raise CliError("--draft is the draft model --method pard adapts (or the head "
+                       "--method p-eagle adapts)")
     train_config = training_config(args)
     check_dir(args.target, "--target")
     from pathlib import Path
@@ -257,90 +268,6 @@ def run(args) -> int:
     shown = ", ".join(f"{k} {v:.3f}" for k, v in acceptance.items())
     print(f"trained {steps} steps; held-out expected acceptance at t=1: {shown}; saved to "
           f"{out}")
-    return 0
-
-
-def _train_parallel(args) -> int:
-    """train-drafter --method pard: the draft adapted into a parallel draft
-    (specjax.training.parallel) on the target's continuations, labelled with the target's
-    top-k probabilities, cached once per run."""
-    from pathlib import Path
-
-    import specjax_models
-    from specjax.training.parallel import ParallelTrainConfig, cached_labels, train_parallel
-    from specjax_models.bundled import PARALLEL_MASK_ID
-
-    check_dir(args.target, "--target")
-    check_dir(args.draft, "--draft")
-    train_config = training_config(args)
-    draft_config = (specjax_models.load_config(args.draft) if args.draft
-                    else specjax_models.DRAFT_CONFIG)
-    byte_vocabulary = draft_config.vocab_size == specjax_models.DRAFT_CONFIG.vocab_size
-    if args.mask_id is None and not byte_vocabulary:
-        raise CliError("--mask-id: name the mask token, an id of the draft's vocabulary that "
-                       "the texts never hold (e.g. an unused special token)")
-    mask_id = PARALLEL_MASK_ID if args.mask_id is None else args.mask_id
-    try:
-        parallel = ParallelTrainConfig(mask_id=mask_id, positions=args.positions,
-                                       keep_ratio=args.cod_ratio, min_keep=args.cod_min,
-                                       aligned=args.aligned)
-    except ValueError as error:
-        raise CliError(str(error).replace("keep_ratio", "--cod-ratio")
-                       .replace("min_keep", "--cod-min").replace("positions (K)",
-                                                                 "--positions")
-                       .replace("mask_id", "--mask-id")) from None
-    if mask_id >= draft_config.vocab_size:
-        raise CliError(f"--mask-id {mask_id} is outside the draft's vocabulary [0, "
-                       f"{draft_config.vocab_size})")
-    if args.positions >= args.seq_len - args.prompt_len:
-        raise CliError(f"--positions {args.positions} needs continuations longer than that "
-                       f"(--seq-len {args.seq_len} - --prompt-len {args.prompt_len})")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    say("loading the target and the draft...")
-    target = load_model(args.target, "target")
-    # The packed layout's slots attend in one block (a loop over blocks has dynamic bounds,
-    # which reverse-mode differentiation cannot take); the parameters are unchanged.
-    slots = sum(parallel.kept(args.seq_len))
-    block = max(256, slots)
-    draft = specjax_models.with_attention_blocks(load_model(args.draft, "draft"),
-                                                 block_size=block, query_block=block)
-    if draft.vocab_size != target.vocab_size:
-        raise CliError(f"the draft's vocabulary ({draft.vocab_size}) is not the target's "
-                       f"({target.vocab_size}): a parallel draft shares its target's "
-                       "tokenizer")
-    corpus = load_corpus(args)
-    started = time.perf_counter()
-    train, heldout = _drafter_data(args, target, corpus, out)
-    say("the target's top-16 probabilities at every position (one forward per 64 rows)...")
-    data = cached_labels(target, train, prompt_len=args.prompt_len, top_k=16)
-    held_all = cached_labels(target, heldout, prompt_len=args.prompt_len, top_k=16)
-    held = [{key: value[i * args.batch_size:(i + 1) * args.batch_size]
-             for key, value in held_all.items()} for i in range(args.eval_batches)]
-    data_seconds = time.perf_counter() - started
-    say(f"adapting the draft ({num_params(draft) / 1e6:.2f}M params) into a parallel draft: "
-        f"{args.positions} drafts per forward, mask id {mask_id}, COD {args.cod_ratio} "
-        f"(min {args.cod_min}){', aligned' if args.aligned else ''}")
-    started = time.perf_counter()
-    result = train_parallel(draft, data, train_config, parallel, batch_size=args.batch_size,
-                            checkpoint_dir=out / "run", heldout=held, seed=args.seed,
-                            max_seconds=args.max_seconds)
-    seconds = time.perf_counter() - started
-    steps = result.history[-1]["step"] if result.history else 0
-    last_eval = next((h for h in reversed(result.history) if "heldout_loss" in h), {})
-    acceptance = {k: v for k, v in last_eval.items()
-                  if k.startswith("acceptance@") or k == "expected_accepted"}
-    specjax_models.save_parallel_draft(
-        result.lm, draft_config, out, mask_id=mask_id, positions=args.positions, extra={
-            "kind": "train-drafter", "method": "pard", "steps_done": steps,
-            "args": recorded_options(args), "heldout_loss": result.heldout_loss,
-            "heldout_acceptance": acceptance, "train_sequences": int(len(train)),
-            "data_seconds_this_run": round(data_seconds, 1),
-            "train_seconds_this_run": round(seconds, 1), "device": device_line(),
-            "command": "specjax " + " ".join(sys.argv[1:])})
-    shown = ", ".join(f"{k} {v:.3f}" for k, v in acceptance.items())
-    print(f"trained {steps} steps; held-out expected acceptance at t=1 per offset: {shown}; "
-          f"saved to {out}")
     return 0
 
 
