@@ -17,7 +17,8 @@ from specjax.lazy import lazy_attributes
 # Public name -> the module that defines it.
 _SOURCES = {
     "DRAFT_CONFIG": "bundled", "SMOLLM2_DATASTORE": "bundled", "SMOLLM2_DRAFT": "bundled",
-    "SMOLLM2_HEAD": "bundled", "SMOLLM2_KANGAROO": "bundled",
+    "SMOLLM2_HEAD": "bundled", "SMOLLM2_KANGAROO": "bundled", "SMOLLM2_MASK_ID": "bundled",
+    "SMOLLM2_PARALLEL": "bundled",
     "TARGET_CONFIG": "bundled", "bundled_prompts": "bundled", "load_bundled": "bundled",
     "load_checkpoint": "checkpoint", "load_config": "checkpoint",
     "save_checkpoint": "checkpoint",
@@ -28,6 +29,7 @@ _SOURCES = {
     "load_tokenizer": "hf_tokenizer",
     "load_drafter": "published_drafters",
     "load_layer_draft": "layer_draft", "save_layer_draft": "layer_draft",
+    "load_parallel_layer_draft": "layer_draft", "parallel_layer_settings": "layer_draft",
     "load_parallel_draft": "parallel_drafts", "parallel_settings": "parallel_drafts",
     "save_parallel_draft": "parallel_drafts",
     "shard": "sharded",
@@ -44,6 +46,8 @@ __all__ = [
     "SMOLLM2_DRAFT",
     "SMOLLM2_HEAD",
     "SMOLLM2_KANGAROO",
+    "SMOLLM2_MASK_ID",
+    "SMOLLM2_PARALLEL",
     "TARGET_CONFIG",
     "ByteTokenizer",
     "KVCache",
@@ -65,7 +69,9 @@ __all__ = [
     "load_head_for",
     "load_layer_draft",
     "load_parallel_draft",
+    "load_parallel_layer_draft",
     "load_tokenizer",
+    "parallel_layer_settings",
     "parallel_settings",
     "save_checkpoint",
     "save_layer_draft",
@@ -90,6 +96,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
         SMOLLM2_DRAFT,
         SMOLLM2_HEAD,
         SMOLLM2_KANGAROO,
+        SMOLLM2_MASK_ID,
+        SMOLLM2_PARALLEL,
         TARGET_CONFIG,
         bundled_prompts,
         load_bundled,
@@ -99,7 +107,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from specjax_models.heads import create_head, load_head_for
     from specjax_models.hf import from_pretrained, save_pretrained
     from specjax_models.hf_tokenizer import load_tokenizer
-    from specjax_models.layer_draft import load_layer_draft, save_layer_draft
+    from specjax_models.layer_draft import (
+        load_layer_draft,
+        load_parallel_layer_draft,
+        parallel_layer_settings,
+        save_layer_draft,
+    )
     from specjax_models.parallel_drafts import (
         load_parallel_draft,
         parallel_settings,

@@ -29,6 +29,10 @@ PARALLEL_HEAD_NAME = "p-eagle"
 SMOLLM2_HEAD = CHECKPOINTS / "smollm2_eagle3"
 SMOLLM2_KANGAROO = CHECKPOINTS / "smollm2_kangaroo"
 SMOLLM2_DRAFT = CHECKPOINTS / "smollm2_draft"
+# That draft adapted into a parallel draft (PARD), and its mask token: <empty_output>, a
+# code-corpus special token that chat text never holds.
+SMOLLM2_PARALLEL = CHECKPOINTS / "smollm2_parallel"
+SMOLLM2_MASK_ID = 16
 # SmolLM2's own answers as a retrieval datastore (specjax_models.recipes.smollm2_datastore).
 SMOLLM2_DATASTORE = CHECKPOINTS / "smollm2_datastore.npz"
 NAMES = MODEL_NAMES + HEAD_NAMES + (PARALLEL_NAME, PARALLEL_HEAD_NAME)

@@ -5,7 +5,10 @@ trained by distillation (`specjax_models.recipes.smollm2_draft` for SmolLM2).
 Saved as `draft.json` (config, layers, target) + `draft.npz` (the trained groups and the
 draft vocabulary); the embedding and the head rows stay the target's (not saved) and
 `load_layer_draft(directory, target)` rebuilds the `specjax.DraftModel(...,
-draft_vocab=ids)`.
+draft_vocab=ids)`. A layer draft adapted into a parallel draft (PARD,
+`specjax_models.recipes.smollm2_parallel`) also records its mask token and the K it was
+trained for (`draft.json`'s "parallel"), and `load_parallel_layer_draft` rebuilds the
+`specjax.ParallelDraft`.
 """
 
 from __future__ import annotations
@@ -41,15 +44,19 @@ def trained_arrays(draft: specjax.CausalLM) -> dict:
 
 
 def save_layer_draft(directory: str | Path, draft: specjax.CausalLM, target_config, layers,
-                     draft_vocab) -> None:
+                     draft_vocab, *, parallel: dict | None = None) -> None:
     """`draft.json` and `draft.npz` (float32) in `directory`; the shared embedding and head
-    rows are rebuilt from the target on load."""
+    rows are rebuilt from the target on load. `parallel`: {"mask_id", "positions"} of a
+    parallel draft."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     meta = {"layers": [int(i) for i in layers],
             "config": dataclasses.asdict(select_layers_config(target_config, layers,
                                                               draft_vocab)),
             "target_config": dataclasses.asdict(target_config)}
+    if parallel is not None:
+        meta["parallel"] = {"mask_id": int(parallel["mask_id"]),
+                            "positions": int(parallel["positions"])}
     arrays = {name: value.astype(np.float32) for name, value in trained_arrays(draft).items()}
     # Each file atomically, the archive first: a killed save leaves no draft.json that
     # points at a half-written archive.
@@ -77,6 +84,40 @@ def load_layer_draft(directory: str | Path, target: specjax.CausalLM,
                      method: str = "sample") -> specjax.DraftModel:
     """The draft saved in `directory` on `target` (the model it was distilled from), as a
     `specjax.DraftModel` with its draft vocabulary."""
+    lm, draft_vocab, _ = _load(directory, target)
+    return specjax.DraftModel(lm, method, draft_vocab=draft_vocab)
+
+
+def load_parallel_layer_draft(directory: str | Path, target: specjax.CausalLM,
+                              method: str = "sample") -> specjax.ParallelDraft:
+    """The parallel layer draft saved in `directory` on `target`, as a
+    `specjax.ParallelDraft` with its mask token and draft vocabulary."""
+    lm, draft_vocab, meta = _load(directory, target)
+    parallel = meta.get("parallel")
+    if parallel is None:
+        raise ValueError(f"{directory} is an autoregressive layer draft (its draft.json has no "
+                         "\"parallel\" entry): load it with load_layer_draft, or adapt it with "
+                         "`specjax train-drafter --model smollm2 --method pard`")
+    mask_id = parallel.get("mask_id") if isinstance(parallel, dict) else None
+    if isinstance(mask_id, bool) or not isinstance(mask_id, int) or \
+            not 0 <= mask_id < target.vocab_size:
+        raise damaged(Path(directory) / "draft.json", f"gives the mask id {mask_id!r}, "
+                      f"expected an id of the target's {target.vocab_size}", REMEDY)
+    return specjax.ParallelDraft(lm, mask_id=mask_id, method=method, draft_vocab=draft_vocab)
+
+
+def parallel_layer_settings(directory: str | Path) -> dict | None:
+    """draft.json's "parallel" entry ({"mask_id", "positions"}), None for an
+    autoregressive layer draft (or no layer draft)."""
+    path = Path(directory) / "draft.json"
+    if not path.exists():
+        return None
+    meta = read_json(path, REMEDY)
+    return meta.get("parallel") if isinstance(meta, dict) else None
+
+
+def _load(directory: str | Path, target: specjax.CausalLM):
+    """(lm, draft_vocab, draft.json) of the layer draft in `directory` on `target`."""
     directory = Path(directory)
     if not (directory / "draft.json").exists() or not (directory / "draft.npz").exists():
         raise FileNotFoundError(f"no distilled draft at {directory} (expected draft.json and "
@@ -116,4 +157,4 @@ def load_layer_draft(directory: str | Path, target: specjax.CausalLM,
         raise ValueError(f"{directory} holds parameters this draft has no place for: "
                          f"{sorted(arrays)[:4]}")
     params = type(draft.params)(dict(nnx.from_flat_state(updated)))
-    return specjax.DraftModel(draft.with_params(params), method, draft_vocab=draft_vocab)
+    return draft.with_params(params), draft_vocab, meta

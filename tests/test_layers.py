@@ -96,6 +96,11 @@ TESTED_IN = {
     "specjax/training/progress.py": "test_training.py",
     "specjax/cli/common.py": "test_cli.py",
     "specjax/cli/loading.py": "test_cli.py",
+    "specjax/cli/choices.py": "test_cli.py",
+    # Chains and trees from per-offset distributions, as both parallel drafters use them.
+    "specjax/drafters/offset_proposals.py": "test_parallel_draft.py",
+    "specjax/cli/drafter_loading.py": "test_cli_generate.py",  # its refusals, by command
+    "specjax/cli/train_parallel.py": "test_cli_train_drafter.py",
     "models/bundled.py": "test_checkpoint.py",
     "models/hf_tokenizer.py": "test_hf.py",
     "models/layer_draft.py": "test_smollm2_draft.py",

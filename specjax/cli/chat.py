@@ -57,8 +57,9 @@ def register(sub) -> None:
                          "this chat's earlier replies; layer-skip: SmolLM2 drafting for "
                          "itself without the --skip blocks; eagle3: SmolLM2's shipped "
                          "EAGLE-3 head, or --head DIR; kangaroo: SmolLM2's shipped Kangaroo "
-                         "adapter over its first 2 blocks, or --head DIR; parallel: a parallel "
-                         "draft (PARD) sharing SmolLM2's tokenizer, --draft DIR; p-eagle: a "
+                         "adapter over its first 2 blocks, or --head DIR; parallel: SmolLM2's "
+                         "shipped parallel layer draft (PARD: every draft of a step from one "
+                         "forward), or --draft DIR; p-eagle: a "
                          "P-EAGLE head trained on SmolLM2, --head DIR")
     ch.add_argument("--head", default=None,
                     help="an EAGLE-3 head, a Kangaroo adapter or a P-EAGLE head trained on "

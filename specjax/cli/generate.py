@@ -51,7 +51,8 @@ def register(sub) -> None:
                           "draft from `specjax train-drafter --method draft`; with --drafter "
                           "parallel a parallel draft (a published PARD checkpoint, or "
                           "`specjax train-drafter --method pard`) (default: the bundled "
-                          "draft; smollm2: its shipped distilled draft)")
+                          "draft; smollm2: its shipped distilled draft, or with --drafter "
+                          "parallel its parallel version)")
     gen.add_argument("--num-draft-tokens", type=int, default=None,
                      help="K, drafts verified per target forward (default: 6; Medusa: its "
                           "number of heads)")

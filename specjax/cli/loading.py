@@ -9,14 +9,25 @@ import json
 import os
 from pathlib import Path
 
+from specjax.cli.choices import (
+    HEAD_CHOICES,
+    MODEL_FREE_CHOICES,
+    P_EAGLE,
+    PARALLEL,
+    PUBLISHED,
+    SELF_CHOICES,
+    drafter_choice,
+)
 from specjax.cli.common import CliError, check_dir, rule_for, scan_layers, verification_rule
-
-HEAD_CHOICES = ("medusa", "eagle", "eagle3", "mtp", "kangaroo", "p-eagle")
-P_EAGLE = "p-eagle"  # a parallel EAGLE head: K drafts from one head forward
-MODEL_FREE_CHOICES = ("lookahead", "retrieval")
-SELF_CHOICES = ("layer-skip",)
-PARALLEL = "parallel"  # a parallel draft (PARD): --draft DIR, or the bundled pair's
-PUBLISHED = "published"  # --drafter-dir: a downloaded EAGLE / Medusa head
+from specjax.cli.drafter_loading import (
+    check_model_free_options,
+    check_parallel_options,
+    check_self_speculation_options,
+    layer_skip,
+    load_model_free,
+    load_parallel,
+    parse_skip,
+)
 
 
 def load_model(path: str | None, name: str, mesh=None, scan: bool = False):
@@ -112,39 +123,6 @@ def check_published_options(args) -> None:
                        "head); drop --drafter / --draft / --head")
 
 
-def check_parallel_options(args) -> None:
-    """--drafter parallel: --draft DIR must be a parallel draft (PARD's `pard_token`, or
-    ours), and a target other than the bundled one needs one."""
-    if drafter_choice(args) != PARALLEL:
-        return
-    if args.draft:
-        from specjax_models.parallel_drafts import parallel_settings
-
-        try:
-            parallel_settings(args.draft)
-        except (ValueError, FileNotFoundError) as error:
-            raise CliError(f"--draft {args.draft}: {error}") from None
-    elif args.model != "bundled" or args.target or getattr(args, "hf", None):
-        raise CliError("--drafter parallel: only the bundled pair ships a parallel draft; pass "
-                       "--draft DIR with one for this target (a published PARD checkpoint, "
-                       "or `specjax train-drafter --method pard --draft DRAFT --out DIR`)")
-
-
-def load_parallel(args, target, sampling):
-    """The parallel draft of --draft DIR, else the bundled pair's, checked against the
-    target."""
-    import specjax_models
-
-    method = "greedy" if args.greedy_draft else "sample"
-    try:
-        drafter = (specjax_models.load_parallel_draft(args.draft, method) if args.draft
-                   else specjax_models.load_bundled("parallel", draft_method=method))
-        drafter.check(target, sampling)
-    except (ValueError, FileNotFoundError) as error:
-        raise CliError(f"--drafter parallel: {error}") from None
-    return drafter
-
-
 def load_hf(directory: str, mesh=None, scan: bool = False):
     """A Hugging Face target (on `mesh` when given, its layers scanned when `scan`) and its
     tokenizer, the loaders' refusals as the option's."""
@@ -166,98 +144,6 @@ def load_published(args, target):
                                            method="greedy" if args.greedy_draft else None)
     except (FileNotFoundError, ValueError, ImportError) as error:
         raise CliError(f"--drafter-dir {args.drafter_dir}: {error}") from None
-
-
-def parse_skip(text: str):
-    """`--skip 4,6,8` as a tuple of block indices, or "auto"."""
-    if text.strip() == "auto":
-        return "auto"
-    parts = [p.strip() for p in text.split(",")]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise CliError(f"--skip takes block indices (0-based, comma-separated, e.g. 4,6,8) or "
-                       f"auto, got {text!r}")
-    skip = tuple(int(p) for p in parts)
-    if len(set(skip)) != len(skip):
-        raise CliError(f"--skip repeats a block: {text!r}")
-    return skip
-
-
-def check_self_speculation_options(args, tree) -> None:
-    """--skip only with --drafter layer-skip (which needs it); --adaptive-length for chains."""
-    choice = drafter_choice(args)
-    skip = getattr(args, "skip", None)
-    if choice in SELF_CHOICES and skip is None:
-        raise CliError("--drafter layer-skip needs --skip LAYERS (the blocks to skip, e.g. "
-                       "4,6,8,10) or --skip auto (measure candidates on this prompt)")
-    if skip is not None:
-        if choice not in SELF_CHOICES:
-            raise CliError("--skip needs --drafter layer-skip")
-        if parse_skip(skip) == "auto" and getattr(args, "command", None) != "generate":
-            raise CliError("--skip auto searches on a generate prompt; in chat pass the "
-                           "blocks (find them once with specjax generate --drafter "
-                           "layer-skip --skip auto)")
-    if getattr(args, "adapt", False) and (args.no_speculation or choice != "model"):
-        raise CliError("--adapt trains the chat's draft model: it needs --drafter model "
-                       "(SmolLM2's shipped distilled draft, or --draft DIR) and speculation")
-    if getattr(args, "adaptive_length", False):
-        if args.no_speculation or tree is not None or choice in MODEL_FREE_CHOICES:
-            raise CliError("--adaptive-length sets the length of a chain of drafts: not with "
-                           "--no-speculation, --dynamic-tree, lookahead or retrieval")
-
-
-def parse_lookahead(text: str):
-    """`--lookahead W,N,G` as a `Lookahead` drafter."""
-    from specjax.drafters import Lookahead
-
-    parts = text.split(",")
-    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
-        raise CliError(f"--lookahead takes W,N,G (three integers: window columns, n-gram "
-                       f"size, n-grams verified; e.g. 5,4,5), got {text!r}")
-    window, ngram, guesses = (int(p) for p in parts)
-    try:
-        return Lookahead(window=window, ngram=ngram, guesses=guesses)
-    except ValueError as error:
-        raise CliError(f"--lookahead: {error}") from None
-
-
-def check_model_free_options(args) -> None:
-    """--lookahead and --datastore: well formed, and only with their drafter."""
-    choice = drafter_choice(args)
-    datastore = getattr(args, "datastore", None)
-    if datastore is not None:
-        if choice != "retrieval":
-            raise CliError("--datastore needs --drafter retrieval")
-        if not os.path.isfile(datastore):
-            raise CliError(f"--datastore {datastore} does not exist (build one with "
-                           "`specjax datastore build --tokenizer ... FILES --out FILE`)")
-    if choice == "lookahead":
-        parse_lookahead(args.lookahead)
-
-
-def default_datastore(args) -> str | None:
-    """--datastore, else SmolLM2's shipped datastore for --model smollm2 (when present)."""
-    if args.datastore is not None:
-        return args.datastore
-    from specjax_models import SMOLLM2_DATASTORE
-
-    return str(SMOLLM2_DATASTORE) if (args.model == "smollm2"
-                                      and SMOLLM2_DATASTORE.exists()) else None
-
-
-def load_model_free(args, choice: str, target, sampling):
-    """The lookahead or retrieval drafter the options describe, checked against target."""
-    if choice == "lookahead":
-        return parse_lookahead(args.lookahead)
-    from specjax.datastore import Datastore
-    from specjax.drafters import Retrieval
-
-    path = default_datastore(args)
-    try:
-        drafter = Retrieval(None if path is None else Datastore.load(path))
-        drafter.check(target, sampling)
-    except (ValueError, FileNotFoundError) as error:
-        raise CliError(f"--datastore {path}: {error}") from None
-    return drafter
 
 
 def check_min_confidence(args, tree) -> None:
@@ -317,19 +203,6 @@ def smollm2_head(choice: str = "eagle3"):
 
     directory = SMOLLM2_KANGAROO if choice == "kangaroo" else SMOLLM2_HEAD
     return directory if (directory / "head.json").exists() else None
-
-
-def drafter_choice(args) -> str:
-    """The bundled pair drafts with its draft model; SmolLM2 with prompt lookup (its shipped
-    EAGLE-3 head, `--drafter eagle3`, and distilled draft, `--drafter model`, are still too
-    weak to beat it: see their MODEL_CARDs), unless --draft names a draft that shares its
-    tokenizer."""
-    if getattr(args, "drafter_dir", None):
-        return PUBLISHED
-    if args.drafter is not None:
-        return args.drafter
-    bundled = args.model == "bundled" and not getattr(args, "hf", None)
-    return "model" if bundled or args.draft else "prompt-lookup"
 
 
 def parse_mesh(args):
@@ -503,18 +376,6 @@ def finish_drafter(args, drafter):
         from specjax.drafters import AdaptiveLength
 
         drafter = AdaptiveLength(drafter)
-    return drafter
-
-
-def layer_skip(args, skip, target, sampling):
-    """`LayerSkip(skip)` on `target`, its refusals as the option's."""
-    from specjax.drafters import LayerSkip
-
-    try:
-        drafter = LayerSkip(skip=skip, method="greedy" if args.greedy_draft else "sample")
-        drafter.check(target, sampling)
-    except ValueError as error:
-        raise CliError(f"--skip {args.skip}: {error}") from None
     return drafter
 
 

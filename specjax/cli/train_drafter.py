@@ -286,10 +286,11 @@ def _draft_layers(text: str) -> tuple[int, ...]:
 def _train_chat_drafter(args) -> int:
     """train-drafter --model smollm2: an EAGLE-3 head from SmolLM2's own chat answers,
     the target's outputs cached once (specjax_models.recipes.smollm2_head)."""
-    if args.method not in ("eagle3", "kangaroo", "draft"):
+    if args.method not in ("eagle3", "kangaroo", "draft", "pard"):
         raise CliError(f"--model smollm2 trains an EAGLE-3 head (--method eagle3), a Kangaroo "
-                       f"adapter (--method kangaroo) or a distilled layer draft (--method "
-                       f"draft); {args.method} heads train on the bundled target only")
+                       f"adapter (--method kangaroo), a distilled layer draft (--method "
+                       f"draft) or its parallel version (--method pard); {args.method} heads "
+                       f"train on the bundled target only")
     layers = _draft_layers(args.draft_layers)
     if args.target:
         raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
@@ -345,6 +346,27 @@ def _train_chat_drafter(args) -> int:
             raise CliError(f"--draft-layers: {error}") from None
         except (FileNotFoundError, ImportError):
             pass  # load_smollm2 says what to install
+    parallel = None
+    if args.method == "pard":  # checked before SmolLM2 loads
+        from specjax.cli.train_parallel import parallel_settings
+        from specjax_models.layer_draft import parallel_layer_settings
+
+        check_dir(args.draft, "--draft")
+        start = args.draft or specjax_models.SMOLLM2_DRAFT
+        if not (Path(start) / "draft.json").exists():
+            raise CliError(f"--draft {start}: no layer draft there (draft.json); train one with "
+                           "`specjax train-drafter --model smollm2 --method draft`")
+        if parallel_layer_settings(start) is not None:
+            raise CliError(f"--draft {start} is a parallel draft already; start from an "
+                           "autoregressive layer draft")
+        if args.mask_id is None:
+            args.mask_id = specjax_models.SMOLLM2_MASK_ID
+        try:
+            vocab_size = specjax_models.gguf_config(specjax_models.smollm2_path()).vocab_size
+        except (FileNotFoundError, ImportError):
+            load_smollm2()  # says what to install
+            raise
+        _, parallel = parallel_settings(args, vocab_size, "target")
     target, tokenizer = load_smollm2()
     target_config = specjax_models.gguf_config(specjax_models.smollm2_path())
     say(f"answers and target outputs (resumable, in {work}/chunks; progress in "
@@ -357,7 +379,18 @@ def _train_chat_drafter(args) -> int:
         raise CliError(str(error)) from None
     data_seconds = time.perf_counter() - started
     try:
-        if args.method == "draft":
+        if args.method == "pard":
+            from specjax_models.recipes.smollm2_parallel import train_chat_parallel_draft
+
+            say(f"adapting the layer draft in {start} into a parallel draft: "
+                f"{args.positions} drafts per forward, mask id {args.mask_id}, COD "
+                f"{args.cod_ratio} (min {args.cod_min})")
+            metadata = train_chat_parallel_draft(
+                target, target_config, work, out, parallel=parallel,
+                train_config=training_config(args), start=start, batch_size=args.batch_size,
+                heldout_rows=args.eval_batches * args.batch_size, seed=args.seed,
+                max_seconds=args.max_seconds)
+        elif args.method == "draft":
             say(f"training a layer draft from SmolLM2's layers {list(layers)} (draft "
                  f"vocabulary {args.draft_vocab}; the target's embedding and head rows "
                  "shared and frozen)")
@@ -387,7 +420,12 @@ def _train_chat_drafter(args) -> int:
         "device": device_line(),
         "command": "specjax " + " ".join(sys.argv[1:])})
     write_json_atomically(out / "metadata.json", metadata)
-    (write_draft_card if args.method == "draft" else write_model_card)(out, work)
+    if args.method == "pard":
+        from specjax_models.recipes.smollm2_parallel import write_parallel_card
+
+        write_parallel_card(out, work)
+    else:
+        (write_draft_card if args.method == "draft" else write_model_card)(out, work)
     last = metadata["last_eval"] or {}
     shown = ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k.startswith("acceptance@"))
     print(f"trained {metadata['steps_done']} steps; held-out expected acceptance at t=1 "

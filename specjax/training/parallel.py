@@ -229,7 +229,8 @@ def train_parallel(draft: CausalLM, data: Mapping, config: TrainConfig,
                    parallel: ParallelTrainConfig, *, frozen: Sequence[str] = (),
                    batch_size: int = 16, checkpoint_dir: str | Path | None = None,
                    heldout: Sequence[Mapping] = (), seed: int = 0, progress: bool = True,
-                   max_seconds: float | None = None) -> TrainResult:
+                   max_seconds: float | None = None,
+                   input_vocab_size: int | None = None) -> TrainResult:
     """Adapt `draft` into a parallel draft on cached target outputs (`data` and each
     `heldout` batch: DISTILL_KEYS arrays, as `specjax.training.distill_cached` takes).
     Each step packs its batch with a fresh COD layout, a pure function of (seed, step);
@@ -238,11 +239,14 @@ def train_parallel(draft: CausalLM, data: Mapping, config: TrainConfig,
     `specjax_models.with_attention_blocks(draft, block_size=S, query_block=S)`): a loop
     over key blocks cannot be differentiated. Same loop, checkpoints and exact resume as
     `distill_cached`; the history records `acceptance@c` per offset and
-    `expected_accepted` at each evaluation."""
+    `expected_accepted` at each evaluation. `input_vocab_size`: the ids the draft reads,
+    where they are more than the ids it scores (a reduced draft vocabulary, whose
+    `label_index` are columns of its head); default `draft.vocab_size`."""
     check_cached_training(draft, data, heldout, frozen, "train_parallel")
-    if parallel.mask_id >= draft.vocab_size:
+    readable = draft.vocab_size if input_vocab_size is None else input_vocab_size
+    if parallel.mask_id >= readable:
         raise ValueError(f"mask_id {parallel.mask_id} is not an id of the draft's "
-                         f"vocabulary [0, {draft.vocab_size})")
+                         f"vocabulary [0, {readable})")
     length = int(np.shape(data["tokens"])[1])
     if parallel.positions > length:
         raise ValueError(f"positions={parallel.positions} exceeds the sequences' {length} "
