@@ -189,3 +189,15 @@ def test_a_state_built_for_a_smaller_k_is_refused_at_commit(tiny_lm):
                     active=jnp.ones((1,), bool), path=-jnp.ones((1, 4), jnp.int32))
     with pytest.raises(ValueError, match="needs a state built for num_draft_tokens >= 4"):
         drafter.commit(state, commit)
+
+
+def test_adaptive_length_wraps_it(tiny_lm):
+    """AdaptiveLength passes the K its state is built for through to the head: greedy
+    output equal to generate's, one head forward per step."""
+    drafter = specjax.AdaptiveLength(parallel_head(tiny_lm, "greedy"))
+    plain = specjax.generate(tiny_lm, PROMPTS, max_new_tokens=12, sampling=specjax.GREEDY)
+    out = specjax.speculative_generate(tiny_lm, drafter, PROMPTS, max_new_tokens=12,
+                                       num_draft_tokens=4, sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(plain.tokens))
+    np.testing.assert_array_equal(np.asarray(out.stats.draft_forwards),
+                                  np.asarray(out.stats.target_forwards))

@@ -181,6 +181,10 @@ class AdaptiveLength:
     def drafts_with_target(self) -> bool:
         return getattr(self.drafter, "drafts_with_target", False)
 
+    @property
+    def init_takes_draft_tokens(self) -> bool:
+        return getattr(self.drafter, "init_takes_draft_tokens", False)
+
     def check(self, target, sampling) -> None:
         self.drafter.check(target, sampling)
 
