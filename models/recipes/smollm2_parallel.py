@@ -94,7 +94,9 @@ def train_chat_parallel_draft(target, target_config, work_dir: str | Path,
     metadata_path = out_dir / "metadata.json"
     earlier = json.loads(metadata_path.read_text()) if metadata_path.exists() else {}
     metadata = {"kind": "train-drafter", "method": "pard", "target": "smollm2",
-                "layers": [int(i) for i in layers], "adapted_from": str(start),
+                "layers": [int(i) for i in layers],
+                "adapted_from": ("models/checkpoints/smollm2_draft (the shipped layer draft)"
+                                 if start.resolve() == SMOLLM2_DRAFT.resolve() else str(start)),
                 "steps_done": result.history[-1]["step"] if result.history else 0,
                 "train_config": dataclasses.asdict(train_config),
                 "parallel_config": dataclasses.asdict(parallel), "batch_size": batch_size,
@@ -138,8 +140,8 @@ def write_parallel_card(out_dir: str | Path, work_dir: str | Path) -> None:
         f"- Held-out expected acceptance per offset at temperature 1 over the target's top-32 "
         f"mass ({metadata['heldout_rows']} held-out rows, the autoregressive draft's; a lower "
         "bound; offset 1 is the ordinary next-token draft):", "", *table, "",
-        f"  Expected accepted drafts of a {settings['positions']}-draft step under the token "
-        f"rule: {last.get('expected_accepted', float('nan')):.2f}.",
+        f"  Expected accepted drafts of a step of {settings['positions']} drafts under the "
+        f"token rule: {last.get('expected_accepted', float('nan')):.2f}.",
         "- Load: `specjax_models.load_parallel_layer_draft(specjax_models.SMOLLM2_PARALLEL, "
         "target)`; CLI: `specjax generate --model smollm2 --drafter parallel`, `specjax chat "
         "--drafter parallel`.",
