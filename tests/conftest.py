@@ -227,6 +227,29 @@ def _release_compiled_programs_before_the_maps_run_out():
     release_compiled_programs_if_maps_run_low()
 
 
+def assert_trees_follow_offsets(drafter, state, context, argmax) -> None:
+    """A parallel drafter's trees take depth d from offset d + 1: with greedy drafting
+    every first-rank depth-d node is offset d + 1's argmax (`argmax`, [3]) whatever its
+    parent, and a dynamic tree's depth-1 nodes include offset 1's argmax."""
+    import numpy as np
+
+    from specjax.sampling import sampling_params
+    from specjax.trees import DynamicTree, TreeShape
+
+    tree = TreeShape.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
+    params = sampling_params(specjax.GREEDY, 1)
+    _, proposal = drafter.propose(state, context, jax.random.key(0), num_draft_tokens=5,
+                                  sampling=params, vocab_size=32, tree=tree)
+    tokens = np.asarray(proposal.tokens[0])
+    assert tokens[0] == argmax[0] and tokens[2] == tokens[3] == argmax[1]
+    assert tokens[4] == argmax[2] and tokens[1] != tokens[0]
+    dynamic = DynamicTree(num_nodes=6, max_depth=3, top_k=2)
+    _, grown = drafter.propose(state, context, jax.random.key(0), num_draft_tokens=6,
+                               sampling=params, vocab_size=32, tree=dynamic)
+    depths = specjax.trees.tree_depths(grown.parents)[0]
+    assert argmax[0] in np.asarray(grown.tokens[0])[np.asarray(depths) == 1]
+
+
 def run_cli(*args, timeout: float = 240, input: str | None = None, env=None):
     """`python -m specjax.cli ARGS` in a subprocess, its output captured as text."""
     return subprocess.run([sys.executable, "-m", "specjax.cli", *args], capture_output=True,

@@ -7,12 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_trees_follow_offsets
 
 import specjax
 from specjax import SamplingConfig
 from specjax.drafters import Commit, DraftContext, ParallelDraft
-from specjax.sampling import sampling_params
-from specjax.trees import DynamicTree, TreeShape
 
 MASK = 31
 PROMPTS = [[1, 2, 3, 4, 1, 2], [7, 7], [30, 2, 5, 9, 11, 3, 8]]
@@ -88,19 +87,7 @@ def test_tree_proposals_take_each_depth_from_its_position(close_draft):
                            jnp.asarray([4]))
     _, logits = drafter.position_logits(state, context, 3)
     argmax = np.asarray(jnp.argmax(logits[0], axis=-1))
-    tree = TreeShape.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
-    params = sampling_params(specjax.GREEDY, 1)
-    _, proposal = drafter.propose(state, context, jax.random.key(0), num_draft_tokens=5,
-                                  sampling=params, vocab_size=32, tree=tree)
-    tokens = np.asarray(proposal.tokens[0])
-    assert tokens[0] == argmax[0] and tokens[2] == tokens[3] == argmax[1]
-    assert tokens[4] == argmax[2] and tokens[1] != tokens[0]
-    dynamic = DynamicTree(num_nodes=6, max_depth=3, top_k=2)
-    _, grown = drafter.propose(state, context, jax.random.key(0), num_draft_tokens=6,
-                               sampling=params, vocab_size=32, tree=dynamic)
-    depths = specjax.trees.tree_depths(grown.parents)[0]
-    first = np.asarray(grown.tokens[0])[np.asarray(depths) == 1]
-    assert argmax[0] in first
+    assert_trees_follow_offsets(drafter, state, context, argmax)
 
 
 @pytest.mark.parametrize("settings,message", [

@@ -71,6 +71,24 @@ def fit_vocab(logits_BV: Array, vocab_size: int) -> Array:
     return logits_BV
 
 
+def empty_tree_draws(batch: int, num_nodes: int, vocab_size: int, deterministic: bool):
+    """A static tree's arrays before any node is drawn: `(tokens [B, N], q [B, N, V] or
+    None when drafts are deterministic, never_accept [B, N])`."""
+    q_BNV = None if deterministic else jnp.zeros((batch, num_nodes, vocab_size), jnp.float32)
+    return jnp.zeros((batch, num_nodes), jnp.int32), q_BNV, jnp.zeros((batch, num_nodes), bool)
+
+
+def place_children(draws, nodes: list[int], children):
+    """`draws` (`empty_tree_draws`' arrays) with `children` (`draw_children`' tokens, q,
+    never_accept) written at the tree nodes `nodes`."""
+    tokens_BN, q_BNV, never_BN = draws
+    toks, qs, never = children
+    index = jnp.asarray(nodes)
+    return (tokens_BN.at[:, index].set(toks),
+            None if q_BNV is None else q_BNV.at[:, index].set(qs),
+            never_BN.at[:, index].set(never))
+
+
 def draw_children(key: Array, logits_BV: Array, ranks: int,
                   sampling: SamplingConfig | SamplingParams, *, deterministic: bool):
     """`ranks` children of one tree node from draft logits over the target's vocabulary:
@@ -373,23 +391,15 @@ class DraftModel:
         for node, parent in enumerate(tree.parents):
             children_of.setdefault(parent, []).append(node)
         node_keys = jax.random.split(key, num_nodes + 1)
-        tokens_BN = jnp.zeros((batch, num_nodes), jnp.int32)
-        q_BNV = None if (self.method == "greedy" or sampling.greedy) else jnp.zeros(
-            (batch, num_nodes, vocab_size), jnp.float32)
-        never_BN = jnp.zeros((batch, num_nodes), bool)
+        tokens_BN, q_BNV, never_BN = empty_tree_draws(
+            batch, num_nodes, vocab_size, self.method == "greedy" or sampling.greedy)
 
         def add_children(parent, logits_BV, tokens_BN, q_BNV, never_BN):
             nodes = children_of.get(parent, [])
             if not nodes:
                 return tokens_BN, q_BNV, never_BN
-            index = jnp.asarray(nodes)
-            toks, qs, never = self._children(node_keys[parent + 1], logits_BV, len(nodes),
-                                             sampling, vocab_size)
-            tokens_BN = tokens_BN.at[:, index].set(toks)
-            never_BN = never_BN.at[:, index].set(never)
-            if q_BNV is not None:
-                q_BNV = q_BNV.at[:, index].set(qs)
-            return tokens_BN, q_BNV, never_BN
+            return place_children((tokens_BN, q_BNV, never_BN), nodes, self._children(
+                node_keys[parent + 1], logits_BV, len(nodes), sampling, vocab_size))
 
         tokens_BN, q_BNV, never_BN = add_children(-1, root_logits_BV, tokens_BN, q_BNV,
                                                    never_BN)

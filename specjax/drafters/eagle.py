@@ -42,7 +42,12 @@ from specjax.drafters.base import (
     scatter_to_vocab,
     token_confidence,
 )
-from specjax.drafters.draft_model import DRAFT_METHODS, draw_children
+from specjax.drafters.draft_model import (
+    DRAFT_METHODS,
+    draw_children,
+    empty_tree_draws,
+    place_children,
+)
 from specjax.drafters.feature_head import (
     FeatureHeadConfig,
     fuse_features,
@@ -356,22 +361,16 @@ class Eagle:
             children_of.setdefault(parent, []).append(node)
         node_keys = jax.random.split(key, num_nodes + 1)
         deterministic = self.method == "greedy" or sampling.greedy
-        tokens_BN = jnp.zeros((batch, num_nodes), jnp.int32)
-        q_BNV = None if deterministic else jnp.zeros((batch, num_nodes, vocab_size), jnp.float32)
-        never_BN = jnp.zeros((batch, num_nodes), bool)
+        tokens_BN, q_BNV, never_BN = empty_tree_draws(batch, num_nodes, vocab_size,
+                                                      deterministic)
 
         def add_children(parent, logits_BV, tokens_BN, q_BNV, never_BN):
             nodes = children_of.get(parent, [])
             if not nodes:
                 return tokens_BN, q_BNV, never_BN
-            index = jnp.asarray(nodes)
-            toks, qs, never = draw_children(node_keys[parent + 1], logits_BV, len(nodes),
-                                            sampling, deterministic=deterministic)
-            tokens_BN = tokens_BN.at[:, index].set(toks)
-            never_BN = never_BN.at[:, index].set(never)
-            if q_BNV is not None:
-                q_BNV = q_BNV.at[:, index].set(qs)
-            return tokens_BN, q_BNV, never_BN
+            return place_children((tokens_BN, q_BNV, never_BN), nodes, draw_children(
+                node_keys[parent + 1], logits_BV, len(nodes), sampling,
+                deterministic=deterministic))
 
         tokens_BN, q_BNV, never_BN = add_children(-1, self._logits(root_BD), tokens_BN, q_BNV,
                                                   never_BN)

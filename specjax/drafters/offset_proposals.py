@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from specjax.drafters.base import Proposal, confident_drafts, token_confidence
-from specjax.drafters.draft_model import draw_children
+from specjax.drafters.draft_model import draw_children, empty_tree_draws, place_children
 from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
 from specjax.sampling import SamplingParams, draw_with_q, tree_scores
 from specjax.trees import DynamicTree, TreeShape
@@ -62,22 +62,15 @@ def static_tree_from_offsets(key: Array, offset_logits: OffsetLogits, tree: Tree
         children_of.setdefault(parent, []).append(node)
     depth_of = {-1: 0, **{node: d for node, d in enumerate(tree.depths)}}
     node_keys = jax.random.split(key, num_nodes + 1)
-    tokens_BN = jnp.zeros((batch, num_nodes), jnp.int32)
-    q_BNV = None if (deterministic or sampling.greedy) else jnp.zeros(
-        (batch, num_nodes, vocab_size), jnp.float32)
-    never_BN = jnp.zeros((batch, num_nodes), bool)
+    draws = empty_tree_draws(batch, num_nodes, vocab_size, deterministic or sampling.greedy)
     for parent, nodes in children_of.items():  # static
-        index = jnp.asarray(nodes)
         depth = depth_of[parent]
         if depth not in by_depth:
             by_depth[depth] = offset_logits(depth)
-        logits_BV = by_depth[depth]
-        toks, qs, never = draw_children(node_keys[parent + 1], logits_BV, len(nodes),
-                                        sampling, deterministic=deterministic)
-        tokens_BN = tokens_BN.at[:, index].set(toks)
-        never_BN = never_BN.at[:, index].set(never)
-        if q_BNV is not None:
-            q_BNV = q_BNV.at[:, index].set(qs)
+        draws = place_children(draws, nodes, draw_children(
+            node_keys[parent + 1], by_depth[depth], len(nodes), sampling,
+            deterministic=deterministic))
+    tokens_BN, q_BNV, never_BN = draws
     return Proposal(tokens=tokens_BN, q=q_BNV, never_accept=never_BN)
 
 
