@@ -15,7 +15,7 @@ else
   grep -m1 "model name" /proc/cpuinfo | tee "$out/machine.txt" || true
 fi
 python="${PYTHON:-python}"
-if ! "$python" -c "import specjax" 2> /dev/null; then
+if ! "$python" -c "import specjax, specjax_models" 2> /dev/null; then
   pip install --no-deps --no-build-isolation -q -e . 2>&1 | tail -2 || true
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
