@@ -18,6 +18,13 @@ python="${PYTHON:-python}"
 if ! "$python" -c "import specjax, specjax_models" 2> /dev/null; then
   pip install --no-deps --no-build-isolation -q -e . 2>&1 | tail -2 || true
 fi
+if ! "$python" -c "import specjax_models" 2> /dev/null; then
+  # The editable install may not take without build isolation (the device machine has no
+  # network): the models package is the folder models/, imported as specjax_models.
+  shim="$(mktemp -d)"
+  ln -s "$PWD/models" "$shim/specjax_models"
+  export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}"
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # 7 minutes of measuring, then nothing new starts; compile time counts.
 "$python" -m benchmarks.device --out "$out" --budget-s "${BUDGET_S:-420}" "$@"
