@@ -89,10 +89,20 @@ def median(values) -> float:
 
 
 def command_line() -> str:
-    """How this script was run, as `python -m benchmarks.NAME ...` (no machine paths)."""
+    """How this script was run, as `python -m benchmarks.NAME ...` (no machine paths: an
+    absolute path argument inside the repository is written relative to it, any other as
+    DIR)."""
     script = Path(sys.argv[0])
     module = f"benchmarks.{script.stem}" if script.suffix == ".py" else script.name
-    return " ".join(["python", "-m", module, *sys.argv[1:]])
+    root = Path(__file__).resolve().parents[1]
+
+    def portable(arg: str) -> str:
+        if not arg.startswith("/"):
+            return arg
+        path = Path(arg).resolve()
+        return str(path.relative_to(root)) if path.is_relative_to(root) else "DIR"
+
+    return " ".join(["python", "-m", module, *map(portable, sys.argv[1:])])
 
 
 def cpu_model() -> str | None:
