@@ -119,10 +119,10 @@ def _train_p_eagle(args, drafter_data) -> int:
     """train-drafter --method p-eagle: an EAGLE head (--draft HEAD_DIR, default the bundled
     target's EAGLE-3 head) given a placeholder and trained to draft --positions tokens per
     head forward, the target run in each step (specjax.training.parallel_heads)."""
-    import json
     from pathlib import Path
 
     import specjax_models
+    from specjax.drafters.head_files import load_head
     from specjax.files import read_json, write_json_atomically
     from specjax.training import train_parallel_head, with_placeholder
     from specjax_models.heads import load_head_for
@@ -134,17 +134,14 @@ def _train_p_eagle(args, drafter_data) -> int:
                        "pass --draft HEAD_DIR (a head trained on it: specjax train-drafter "
                        "--method eagle3 --target ...)")
     head_dir = Path(args.draft) if args.draft else specjax_models.bundled.bundled_path("eagle3")
-    try:
-        head_config = json.loads((head_dir / "head.json").read_text())
-    except (OSError, ValueError):
-        raise CliError(f"--draft {head_dir}: no readable head.json (a head directory, as "
-                       "`specjax train-drafter --method eagle3` writes)") from None
-    head_config = head_config if isinstance(head_config, dict) else {}
-    fields = head_config.get("config")
-    head_kind = fields.get("kind") if isinstance(fields, dict) else None
-    if head_config.get("kind") != "eagle" or head_kind not in ("eagle1", "eagle3"):
+    try:  # the head's files, read as the loaders read them (before the target loads)
+        kind, fields, _ = load_head(head_dir)
+    except (FileNotFoundError, ValueError) as error:
+        raise CliError(f"--draft {head_dir}: {error}") from None
+    head_kind = fields.get("kind")
+    if kind != "eagle" or head_kind not in ("eagle1", "eagle3"):
         raise CliError(f"--draft {head_dir}: a P-EAGLE head starts from an EAGLE-1 or EAGLE-3 "
-                       f"head; this one is {head_kind or head_config.get('kind')!r}")
+                       f"head; this one is {head_kind or kind!r}")
     train_config = training_config(args)
     try:
         target_config = (specjax_models.load_config(args.target) if args.target

@@ -219,13 +219,17 @@ def init_head_params(config: FeatureHeadConfig, key: Array) -> dict:
     if fuse_norm_shape is not None:
         params["fuse_norm"] = jnp.ones(fuse_norm_shape, jnp.float32)
     if config.mask_id is not None:  # P-EAGLE's placeholder feature for the drafts' pairs
-        params["mask_hidden"] = 0.02 * jax.random.normal(jax.random.fold_in(key, 1), (d,),
-                                                         jnp.float32)
+        params["mask_hidden"] = init_mask_hidden(d, key)
     if config.qkv_bias:
         for name, width in (("bq", config.num_heads), ("bk", config.num_kv_heads),
                             ("bv", config.num_kv_heads)):
             params[name] = jnp.zeros((width * hd,), jnp.float32)
     return params
+
+
+def init_mask_hidden(d_model: int, key: Array) -> Array:
+    """A new parallel head's placeholder feature `mask_hidden` float32 [D]."""
+    return 0.02 * jax.random.normal(jax.random.fold_in(key, 1), (d_model,), jnp.float32)
 
 
 def rms_norm(x: Array, weight: Array, eps: float) -> Array:

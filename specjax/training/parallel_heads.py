@@ -35,7 +35,7 @@ from jax import Array
 
 from specjax.causal_lm import CausalLM
 from specjax.drafters.eagle import Eagle
-from specjax.drafters.feature_head import head_block, head_inputs, init_head_params
+from specjax.drafters.feature_head import head_block, head_inputs, init_mask_hidden
 from specjax.training.config import TrainConfig
 from specjax.training.heads import target_outputs
 from specjax.training.loop import TrainResult, _run, epoch_batches
@@ -127,12 +127,12 @@ def check_parallel_head(head: Eagle, config: ParallelTrainConfig, length: int) -
 def with_placeholder(head: Eagle, mask_id: int, key: Array | None = None) -> Eagle:
     """`head` (e.g. a trained autoregressive EAGLE-3 head) made ready for parallel
     training: its config takes `mask_id`, its parameters a `mask_hidden` feature,
-    initialised as a new head's is (`init_head_params`; `key` seeds it, None: key 0).
+    initialised as a new head's is (`init_mask_hidden`; `key` seeds it, None: key 0).
     The head's other parameters are kept."""
     config = dataclasses.replace(head.config, mask_id=mask_id)
-    fresh = init_head_params(config, jax.random.key(0) if key is None else key)
-    params = {**head.params, "mask_hidden": fresh["mask_hidden"]}
-    return dataclasses.replace(head, config=config, params=params)
+    mask_hidden = init_mask_hidden(config.d_model, jax.random.key(0) if key is None else key)
+    return dataclasses.replace(head, config=config,
+                               params={**head.params, "mask_hidden": mask_hidden})
 
 
 def train_parallel_head(head: Eagle, target: CausalLM, data: np.ndarray,
