@@ -93,31 +93,36 @@ def step_costs(target, drafter, prompts, k, sampling, reps) -> tuple[float, floa
     for row, prompt in enumerate(prompts):
         tokens[row, :len(prompt)] = prompt
     lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
-    extra = {}
+    # Models are arguments, not closures: closed over, their weights become program
+    # constants (slow to compile; XLA constant-folds SmolLM2's 576 x 49152 head).
+    features = None
     if getattr(drafter, "reads_target_features", False):  # the prefill's features
         positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-        _, extra["features"], _ = jax.jit(lambda t: target.apply(
-            t, positions, target.init_cache(batch, width), jnp.zeros((batch,), jnp.int32),
-            feature_layers=drafter.feature_layers))(jnp.asarray(tokens[:, :width]))
-    if getattr(drafter, "init_takes_draft_tokens", False):
-        extra["num_draft_tokens"] = k
-    state = jax.jit(lambda t, n: drafter.init(t, n, capacity, **extra))(
-        jnp.asarray(tokens[:, :width]), lengths)
+        _, features, _ = jax.jit(lambda lm, t: lm.apply(
+            t, positions, lm.init_cache(batch, width), jnp.zeros((batch,), jnp.int32),
+            feature_layers=drafter.feature_layers))(target, jnp.asarray(tokens[:, :width]))
+    with_k = ({"num_draft_tokens": k} if getattr(drafter, "init_takes_draft_tokens", False)
+              else {})
+    state = jax.jit(lambda d, t, n, f: d.init(t, n, capacity, **with_k,
+                                             **({} if f is None else {"features": f})))(
+        drafter, jnp.asarray(tokens[:, :width]), lengths, features)
     context = DraftContext(jnp.asarray(tokens), lengths)
     params = sampling_params(sampling, batch)
-    propose = jax.jit(lambda s, c, key: drafter.propose(
+    propose = jax.jit(lambda d, s, c, key: d.propose(
         s, c, key, num_draft_tokens=k, sampling=params, vocab_size=target.vocab_size))
-    block(propose(state, context, jax.random.key(0)))
-    draft_seconds = median([timed(lambda: block(propose(state, context, jax.random.key(1))))
+    block(propose(drafter, state, context, jax.random.key(0)))
+    draft_seconds = median([timed(lambda: block(propose(drafter, state, context,
+                                                        jax.random.key(1))))
                             for _ in range(reps)])
     cache = target.init_cache(batch, capacity)
-    forward = jax.jit(lambda c, t, pos: target.apply(t, pos, c, lengths - 1)[0])
+    forward = jax.jit(lambda lm, c, t, pos: lm.apply(t, pos, c, lengths - 1)[0])
     times = []
     for width_t in (k + 1, 1):
         new = jnp.zeros((batch, width_t), jnp.int32)
         positions = (lengths - 1)[:, None] + jnp.arange(width_t)[None]
-        block(forward(cache, new, positions))
-        times.append(median([timed(lambda n=new, p=positions: block(forward(cache, n, p)))
+        block(forward(target, cache, new, positions))
+        times.append(median([timed(lambda n=new, p=positions: block(forward(target, cache, n,
+                                                                            p)))
                              for _ in range(reps)]))
     return draft_seconds, times[0], times[1]
 
