@@ -32,6 +32,19 @@ FAMILIES = {
                                     final_logit_softcapping=15.0)),
     "gpt2": ("GPT2Config", dict(vocab_size=300, n_embd=64, n_layer=3, n_head=4,
                                 n_positions=256, initializer_range=0.1)),
+    # Mixtures of experts: 8 experts, so a decode step (2-3 routed pairs per token) takes
+    # the gathered dispatch and the 24-token forwards the grouped one.
+    "mixtral": ("MixtralConfig", dict(COMMON, num_local_experts=8, num_experts_per_tok=2,
+                                      sliding_window=8)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(COMMON, num_experts=8, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, norm_topk_prob=True,
+                                         shared_expert_intermediate_size=48,
+                                         mlp_only_layers=[0])),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(COMMON, head_dim=32, num_experts=8,
+                                         num_experts_per_tok=3, moe_intermediate_size=32,
+                                         decoder_sparse_step=2)),
+    "olmoe": ("OlmoeConfig", dict(COMMON, num_experts=8, num_experts_per_tok=2,
+                                  clip_qkv=0.5)),
 }
 TOKENS = np.random.default_rng(0).integers(0, 300, (3, 24)).astype(np.int64)
 
@@ -202,3 +215,40 @@ def test_a_loaded_checkpoint_drafts_for_itself(tmp_path):
                                         prompts, max_new_tokens=8, num_draft_tokens=3,
                                         sampling=specjax.GREEDY)
     np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_experts_load_from_the_fused_layout_and_across_shards(family, tmp_path):
+    """transformers' in-memory layout (`experts.gate_up_proj` [E, 2F, D], `down_proj`
+    [E, D, F]) written as it is, and the published per-expert layout split over shards
+    (an expert stack whose tensors lie in several files)."""
+    from safetensors.torch import save_file
+
+    hf = _hf_model(family)
+    want = _hf_logits(hf, TOKENS)
+    fused = tmp_path / "fused"
+    hf.save_pretrained(fused)
+    state = {name: tensor.contiguous() for name, tensor in hf.state_dict().items()}
+    assert any(name.endswith("experts.gate_up_proj") for name in state)
+    if family == "mixtral":  # its published block name, with the fused tensors
+        state = {name.replace(".mlp.", ".block_sparse_moe."): t for name, t in state.items()}
+    save_file(state, str(fused / "model.safetensors"), metadata={"format": "pt"})
+    np.testing.assert_allclose(specjax_models.from_pretrained(fused).logits(TOKENS), want,
+                               atol=2e-4, rtol=1e-4)
+    sharded = tmp_path / "sharded"
+    hf.save_pretrained(sharded, max_shard_size="40KB")
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"]
+    stack = [index[name] for name in index if ".layers.1." in name and ".experts." in name]
+    assert len(set(stack)) > 1, "the experts of layer 1 should span shards"
+    np.testing.assert_allclose(specjax_models.from_pretrained(sharded).logits(TOKENS), want,
+                               atol=2e-4, rtol=1e-4)
+
+
+def test_moe_options_we_do_not_compute_are_named(tmp_path):
+    _hf_model("qwen2_moe").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["mlp_only_layers"] = "first"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="mlp_only_layers is 'first', expected layer indices"):
+        specjax_models.from_pretrained(tmp_path)
+

@@ -41,22 +41,35 @@ def parallel_head(target, method: str = "sample") -> ParallelEagle:
     return ParallelEagle(head.with_params({**head.params, "mask_hidden": mask_hidden}))
 
 
-def reference_outputs(drafter: ParallelEagle, tokens: list, fused_TD: np.ndarray,
-                      offsets: int) -> np.ndarray:
-    """The head's outputs at the last committed pair and each of offsets - 1 placeholders,
-    from one causal forward over every pair (feature t - 1, token t) and the placeholders,
-    no cache."""
-    head, length = drafter.head, len(tokens)
-    features = np.concatenate([np.zeros_like(fused_TD[:1]), fused_TD[:length - 1]])
+@jax.jit
+def _causal_windows(head, windows_BW, features_BWD):
+    positions_BW = jnp.broadcast_to(jnp.arange(windows_BW.shape[1], dtype=jnp.int32),
+                                    windows_BW.shape)
+    inputs = head_inputs(head.params, head.config, head.embedding, windows_BW, features_BWD,
+                         positions_BW)
+    return head_block(head.params, head.config, inputs, positions_BW, None)[0]
+
+
+def reference_outputs(drafter: ParallelEagle, sequence_BS: np.ndarray, lengths_B: np.ndarray,
+                      fused_BSD: np.ndarray, offsets: int) -> np.ndarray:
+    """`[B, offsets, D]`: each row's head outputs at its last committed pair and each of
+    offsets - 1 placeholders, from one causal forward over every pair (feature t - 1,
+    token t) and the placeholders, no cache. The rows' windows share one jitted call,
+    padded at their end to the capacity (causal: padding never reaches a real pair)."""
+    head = drafter.head
+    batch, capacity = sequence_BS.shape
+    width = capacity + offsets - 1
     mask_hidden = np.asarray(head.params["mask_hidden"])
-    features = np.concatenate([features, np.tile(mask_hidden, (offsets - 1, 1))])
-    window = tokens + [MASK] * (offsets - 1)
-    positions = jnp.arange(len(window), dtype=jnp.int32)[None]
-    inputs = head_inputs(head.params, head.config, head.embedding,
-                         jnp.asarray([window], jnp.int32), jnp.asarray(features[None]),
-                         positions)
-    out, _ = head_block(head.params, head.config, inputs, positions, None)
-    return np.asarray(out[0, length - 1:])
+    windows = np.zeros((batch, width), np.int32)
+    features = np.zeros((batch, width, fused_BSD.shape[-1]), np.float32)
+    for b, length in enumerate(lengths_B):
+        windows[b, :length + offsets - 1] = list(sequence_BS[b, :length]) + \
+            [MASK] * (offsets - 1)
+        features[b, 1:length] = fused_BSD[b, :length - 1]
+        features[b, length:length + offsets - 1] = mask_hidden
+    out_BWD = np.asarray(_causal_windows(head, jnp.asarray(windows), jnp.asarray(features)))
+    return np.stack([out_BWD[b, length - 1:length - 1 + offsets]
+                     for b, length in enumerate(lengths_B)])
 
 
 @pytest.mark.parametrize("k", [1, 4])
@@ -84,10 +97,8 @@ def test_each_window_is_a_full_forward_over_the_committed_pairs_and_placeholders
     for _ in range(5):
         state, out_BKD = forward(state, DraftContext(jnp.asarray(sequence),
                                                      jnp.asarray(lengths)), k)
-        for b in range(batch):
-            want = reference_outputs(drafter, sequence[b, :lengths[b]].tolist(),
-                                     fused_all[b], k)
-            np.testing.assert_allclose(np.asarray(out_BKD[b]), want, atol=2e-4, rtol=2e-4)
+        want_BKD = reference_outputs(drafter, sequence, lengths, fused_all, k)
+        np.testing.assert_allclose(np.asarray(out_BKD), want_BKD, atol=2e-4, rtol=2e-4)
         emitted = rng.integers(1, k + 2, size=batch)
         new_lengths = lengths + emitted
         for b in range(batch):

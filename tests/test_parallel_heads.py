@@ -44,21 +44,35 @@ def make_head(target, kind: str = "eagle3", mask_id: int | None = MASK,
     return head
 
 
-def inference_output(head: Eagle, tokens: np.ndarray, fused_TD: np.ndarray, real: int,
-                     placeholders: int) -> np.ndarray:
-    """The head's output after `real` teacher pairs and `placeholders` placeholder pairs,
-    from one causal forward (what ParallelEagle's window computes: tests/
-    test_parallel_eagle.py)."""
-    features = np.concatenate([np.zeros_like(fused_TD[:1]), fused_TD[:real - 1]])
-    features = np.concatenate([features, np.tile(np.asarray(head.params["mask_hidden"]),
-                                                 (placeholders, 1))])
-    window = list(tokens[:real]) + [MASK] * placeholders
-    positions = jnp.arange(len(window), dtype=jnp.int32)[None]
-    inputs = head_inputs(head.params, head.config, head.embedding,
-                         jnp.asarray([window], jnp.int32), jnp.asarray(features[None]),
-                         positions)
-    out, _ = head_block(head.params, head.config, inputs, positions, None)
-    return np.asarray(out[0, -1])
+@jax.jit
+def _causal_windows(head: Eagle, windows_SW, features_SWD):
+    positions_SW = jnp.broadcast_to(jnp.arange(windows_SW.shape[1], dtype=jnp.int32),
+                                    windows_SW.shape)
+    inputs = head_inputs(head.params, head.config, head.embedding, windows_SW, features_SWD,
+                         positions_SW)
+    return head_block(head.params, head.config, inputs, positions_SW, None)[0]
+
+
+def inference_outputs(head: Eagle, tokens: np.ndarray, fused_TD: np.ndarray,
+                      reals: list[int], placeholders: list[int]) -> np.ndarray:
+    """`[S, D]`: the head's output after `reals[s]` teacher pairs and `placeholders[s]`
+    placeholder pairs, each from one causal forward over its own window (what
+    ParallelEagle's window computes: tests/test_parallel_eagle.py). The windows share one
+    jitted call, padded at their end to a common width (causal: padding after a window's
+    last pair never reaches it)."""
+    width = max(r + p for r, p in zip(reals, placeholders, strict=True))
+    mask_hidden = np.asarray(head.params["mask_hidden"])
+    windows, features, last = [], [], []
+    for real, count in zip(reals, placeholders, strict=True):
+        pad = width - real - count
+        features.append(np.concatenate([np.zeros_like(fused_TD[:1]), fused_TD[:real - 1],
+                                        np.tile(mask_hidden, (count, 1)),
+                                        np.zeros((pad, fused_TD.shape[1]), fused_TD.dtype)]))
+        windows.append(list(tokens[:real]) + [MASK] * count + [0] * pad)
+        last.append(real + count - 1)
+    out_SWD = _causal_windows(head, jnp.asarray(windows, jnp.int32),
+                              jnp.asarray(np.stack(features)))
+    return np.asarray(out_SWD)[np.arange(len(last)), last]
 
 
 @pytest.mark.parametrize("kind,first_pair", [("eagle3", True), ("eagle1", False)])
@@ -76,12 +90,14 @@ def test_each_slot_is_the_parallel_head_at_inference(tiny_lm, kind, first_pair):
                                                {k: jnp.asarray(v) for k, v in
                                                 layout.items()}))
     assert len(set(layout["copy"].tolist())) == 4
+    copies, positions = layout["copy"].tolist(), layout["position"].tolist()
     for b in range(2):
-        for slot, (copy, position) in enumerate(zip(layout["copy"], layout["position"],
-                                                    strict=True)):
-            expected = inference_output(head, tokens[b], np.asarray(fused_BTD[b]),
-                                        position - copy + 1, copy)
-            np.testing.assert_allclose(out_BSD[b, slot], expected, rtol=2e-4, atol=2e-4,
+        expected_SD = inference_outputs(head, tokens[b], np.asarray(fused_BTD[b]),
+                                        [p - c + 1 for c, p in zip(copies, positions)],
+                                        copies)
+        for slot, (copy, position) in enumerate(zip(copies, positions, strict=True)):
+            np.testing.assert_allclose(out_BSD[b, slot], expected_SD[slot], rtol=2e-4,
+                                       atol=2e-4,
                                        err_msg=f"row {b}, copy {copy}, position {position}")
 
 
