@@ -74,7 +74,7 @@ def route(logits_NE: Array, config: TransformerConfig,
     else:
         scores_NE = jax.nn.sigmoid(logits_NE)
     choice_NE = scores_NE if correction_bias_E is None else \
-        scores_NE + correction_bias_E.astype(jnp.float32)
+        scores_NE + correction_bias_E.astype(jnp.float32)[None, :]
     if config.router_groups > 1:
         groups = config.router_groups
         grouped_NGE = choice_NE.reshape(-1, groups, num_experts // groups)
