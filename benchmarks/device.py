@@ -12,6 +12,10 @@
    `specjax_models.load_drafter`; no hub on the device: a random head is rarely accepted,
    so its decode speedup at tau near 1 is the price of its drafting and verifying).
 
+3. v(n) of a mixture-of-experts target against a dense model of the same active size
+   (`benchmarks/moe.py`: random weights, 16 experts, top 2), beside the model
+   `specjax.analysis.moe_verify_cost_ratio` (grouped matmuls read each touched expert once).
+
 Results are written after every section, so a run cut short still leaves what it
 measured; `--budget-s` skips what would not fit (recorded as skipped).
 
@@ -172,6 +176,21 @@ def published_head(target):
     return specjax_models.load_drafter(directory, target, method="greedy")
 
 
+def moe_verify_costs(args, budget: Budget) -> list[dict]:
+    import dataclasses
+
+    from benchmarks.moe import DENSE, MOE, verify_rows
+
+    if not budget.allows("v(n) mixture of experts"):
+        return []
+    configs = {"moe": MOE, "dense": DENSE}
+    if args.dry_run:
+        small = dict(vocab_size=512, num_layers=2, d_model=64, num_heads=4, num_kv_heads=2)
+        configs = {name: dataclasses.replace(config, **small)
+                   for name, config in configs.items()}
+    return verify_rows(args, DRY_WIDTHS if args.dry_run else WIDTHS[:-1], configs)
+
+
 def as_chain_drafter(draft):
     """A CausalLM draft as a greedy-drafting DraftModel; a drafter as it is."""
     return specjax.DraftModel(draft, "greedy") if isinstance(draft, specjax.CausalLM) else draft
@@ -203,6 +222,17 @@ def write(out: Path, payload: dict) -> None:
         for r in payload["decode"]:
             lines.append(f"| {r['model']} | {r['decoder']} | {r['decode_speedup']:.2f} | "
                          f"{r['speedup']:.2f} | {r['tau']:.2f} | {r['greedy_identical']} |")
+    if payload.get("moe"):
+        lines += ["", "## v(n) of a mixture of experts (16 experts, top 2) and a dense model of "
+                  "its active size (`benchmarks/moe.py`)", "",
+                  "| n | MoE v(n) | model v(n) | dense v(n) | MoE ms | dense ms |",
+                  "|---|---|---|---|---|---|"]
+        moe = {r["tokens"]: r for r in payload["moe"] if r["model"] == "moe"}
+        dense = {r["tokens"]: r for r in payload["moe"] if r["model"] == "dense"}
+        for n in sorted(moe):
+            lines.append(f"| {n} | {moe[n]['steps']:.2f} | {moe[n]['model_steps']:.2f} | "
+                         f"{dense[n]['steps']:.2f} | {moe[n]['ms']:.3f} | "
+                         f"{dense[n]['ms']:.3f} |")
     if payload["skipped"]:
         lines += ["", "Skipped (time budget): " + "; ".join(payload["skipped"])]
     (out / "device.md").write_text("\n".join(lines) + "\n")
@@ -224,8 +254,10 @@ def main(argv=None) -> None:
     args.new_tokens = args.new_tokens or (12 if args.dry_run else 96)
     budget = Budget(args.budget_s)
     payload = {"machine": machine_record(), "args": {k: str(v) for k, v in vars(args).items()},
-               "verify": [], "decode": [], "skipped": budget.skipped}
+               "verify": [], "decode": [], "moe": [], "skipped": budget.skipped}
     started = time.monotonic()
+    payload["moe"] = moe_verify_costs(args, budget)
+    write(args.out, payload)
     payload["decode"] = decode_speedups(args, budget)
     write(args.out, payload)
     payload["verify"] = verify_costs(args, budget)

@@ -63,6 +63,11 @@ def _sliding_layers(hf: dict, num_layers: int) -> str:
 def config_from_hf(hf: dict, dtype=None) -> TransformerConfig:
     """A TransformerConfig from a Hugging Face config.json dict."""
     model_type = hf.get("model_type")
+    if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2") or (
+            isinstance(hf.get("kv_lora_rank"), int) and model_type not in SUPPORTED_MODEL_TYPES):
+        raise ValueError(f"model_type {model_type!r} is DeepSeek's architecture, whose "
+                         "multi-head latent attention (MLA: kv_lora_rank) is not built yet "
+                         "(its router and experts are: specjax_models.feed_forward)")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {model_type!r} is not supported; supported: "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")

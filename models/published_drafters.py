@@ -169,8 +169,9 @@ def detect_layout(config: dict, names: set[str], directory: Path) -> str:
         return "eagle1"
     if config.get("num_nextn_predict_layers"):
         raise ValueError(f"{directory}: a {config.get('model_type')!r} target's multi-token "
-                         "prediction module (DeepSeek-V3's is an MLA/MoE block) is not "
-                         "supported; load_drafter reads MiMo's")
+                         "prediction module is not supported: DeepSeek-V3's is a block of "
+                         "multi-head latent attention (MLA, not built yet) and experts; "
+                         "load_drafter reads MiMo's")
     raise ValueError(f"{directory}: not a drafter layout this loader knows (EAGLE-3 in the "
                      "authors' or the speculators layout, EAGLE-1/2, Medusa-1); its tensors "
                      f"start {sorted(names)[:4]}")

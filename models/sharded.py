@@ -4,8 +4,9 @@
 Every parameter has logical axes by its name (`param_axes`): the q/k/v projections split
 their output columns by heads ("heads", "kv_heads"), the output projection its input rows,
 the MLP's gate/up columns and down rows by "mlp", the embedding and LM head by "vocab";
-norms are replicated. With `TENSOR_PARALLEL` this is Megatron's layout: each attention
-block and each MLP computes its part locally and ends in one all-reduce. The KV cache is
+a mixture of experts' stacked experts by "experts" and "mlp"; norms are replicated.
+With `TENSOR_PARALLEL` this is Megatron's layout: each attention block and each MLP
+computes its part locally and ends in one all-reduce. The KV cache is
 ("batch", "kv_heads", "cache_slots", None) per layer, so each device keeps the keys and
 values of its own heads (tensor parallel) or rows (data parallel).
 
@@ -44,6 +45,14 @@ _AXES = {
     ("gate_proj", "kernel"): ("embed", "mlp"), ("gate_proj", "bias"): ("mlp",),
     ("up_proj", "kernel"): ("embed", "mlp"), ("up_proj", "bias"): ("mlp",),
     ("down_proj", "kernel"): ("mlp", "embed"), ("down_proj", "bias"): ("embed",),
+    # A mixture of experts: the stacked experts [E, D, F] / [E, F, D] split by "experts"
+    # (expert parallel) and their hidden columns by "mlp" (tensor parallel); the router
+    # and the shared expert's gate are small and replicated.
+    ("mlp", "gate_kernel"): ("experts", "embed", "mlp"),
+    ("mlp", "up_kernel"): ("experts", "embed", "mlp"),
+    ("mlp", "down_kernel"): ("experts", "mlp", "embed"),
+    ("router", "kernel"): ("embed", None), ("mlp", "router_bias"): (None,),
+    ("shared_gate", "kernel"): ("embed", None),
 }
 CACHE_AXES = ("batch", "kv_heads", "cache_slots", None)
 

@@ -15,6 +15,11 @@ forward whose cost C(K) hardly grows with K where the forward is memory-bound, b
 later offsets guess from fewer tokens, so the acceptance differs per offset:
 `parallel_ideal_speedup(alphas, C, v)` = tau / (C + v) with tau = 1 + sum_j prod_{i<=j}
 alpha_i.
+
+A mixture-of-experts target (`moe_verify_cost_ratio`) reads, per MoE layer, only the
+experts its tokens are routed to: one token reads k of E experts, and n verified tokens
+touch E (1 - (1 - k/E)^n) of them on average (uniform routing), so v grows with K where
+a dense model's stays near 1 while memory-bound.
 """
 
 from __future__ import annotations
@@ -158,4 +163,43 @@ def measure_rank_acceptance(target, draft, prompts, sampling, *, num_ranks: int 
                                max_new_tokens=max_new_tokens, sampling=sampling, key=key,
                                tree=star)
     return np.asarray(out.stats.accepted_per_position, np.float64)
+
+
+def moe_experts_touched(num_tokens, experts_per_token: int, num_experts: int):
+    """Expected distinct experts a layer reads for `num_tokens` tokens each routed to
+    `experts_per_token` of `num_experts` (uniformly, independently across tokens):
+    E (1 - (1 - k/E)^n). 1 token: k; many: E."""
+    k, experts = int(experts_per_token), int(num_experts)
+    if not 1 <= k <= experts:
+        raise ValueError(f"experts_per_token must be in [1, num_experts={experts}], got {k}")
+    tokens = np.asarray(num_tokens, np.float64)
+    if np.any(tokens < 1):
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    return experts * (1.0 - (1.0 - k / experts) ** tokens)
+
+
+def moe_verify_cost_ratio(num_tokens, experts_per_token: int, num_experts: int,
+                          routed_fraction: float):
+    """v(n): the cost of an n-token forward of a memory-bound mixture-of-experts model over
+    a one-token forward's, when each touched expert's weights are read once (a grouped
+    matmul): (1 - f) + f * touched(n) / k, with f = `routed_fraction`, the share of a
+    one-token forward's weight bytes in its k routed experts (1 - f: attention, shared
+    experts, dense layers, embeddings; `moe_routed_fraction`). A dense model is f = 0:
+    v = 1 whatever n."""
+    if not 0.0 <= routed_fraction <= 1.0:
+        raise ValueError(f"routed_fraction must be in [0, 1], got {routed_fraction}")
+    touched = moe_experts_touched(num_tokens, experts_per_token, num_experts)
+    return (1.0 - routed_fraction) + routed_fraction * touched / experts_per_token
+
+
+def moe_routed_fraction(other_params: int, params_per_expert: int,
+                        experts_per_token: int) -> float:
+    """f of `moe_verify_cost_ratio`: a one-token forward reads `other_params` (everything
+    but the routed experts) and k experts of `params_per_expert` each (summed over the
+    MoE layers)."""
+    if other_params < 0 or params_per_expert <= 0 or experts_per_token < 1:
+        raise ValueError("other_params must be >= 0, params_per_expert > 0 and "
+                         "experts_per_token >= 1")
+    routed = experts_per_token * params_per_expert
+    return routed / (routed + other_params)
 

@@ -11,6 +11,9 @@ None). A `ShardingRules` maps each logical axis to a mesh axis or to None (repli
   split over "model", so each attention block and each MLP ends in one all-reduce; the
   vocabulary of the embedding and the LM head split too.
 - `DATA_AND_TENSOR`: both, on a mesh with axes ("data", "model").
+- `EXPERT_PARALLEL`: a mixture of experts' experts split whole over "model" (each
+  device holds E / n experts, every token's pairs computed where their expert lives),
+  attention and the vocabulary tensor parallel as above, dense MLPs replicated.
 
 Nothing changes without a mesh: a model that was never sharded runs on one device as
 before. `specjax_models.shard(lm, mesh, rules)` places a model's parameters and makes
@@ -28,7 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 LOGICAL_AXES = ("batch", "vocab", "embed", "heads", "kv_heads", "mlp", "cache_slots",
-                "layers")
+                "layers", "experts")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +47,7 @@ class ShardingRules:
     mlp: str | None = None
     cache_slots: str | None = None
     layers: str | None = None
+    experts: str | None = None
 
     def __post_init__(self):
         for axis in LOGICAL_AXES:
@@ -72,6 +76,7 @@ class ShardingRules:
 DATA_PARALLEL = ShardingRules(batch="data")
 TENSOR_PARALLEL = ShardingRules(vocab="model", heads="model", kv_heads="model", mlp="model")
 DATA_AND_TENSOR = dataclasses.replace(TENSOR_PARALLEL, batch="data")
+EXPERT_PARALLEL = dataclasses.replace(TENSOR_PARALLEL, mlp=None, experts="model")
 
 
 def default_rules(mesh: Mesh) -> ShardingRules:

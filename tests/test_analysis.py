@@ -132,3 +132,45 @@ def test_rank_acceptance_of_a_pair(tiny_lm):
                                                 SamplingConfig(temperature=1.0), num_ranks=3,
                                                 max_new_tokens=4, key=jax.random.key(0))
     np.testing.assert_allclose(measured, [0.5, 0.3, 0.15], atol=0.02)
+
+
+def test_moe_experts_touched_is_the_uniform_routings_mean():
+    """The closed form against routing simulated the way the model routes: each token's
+    k distinct experts, independent across tokens."""
+    rng = np.random.default_rng(0)
+    for tokens, k, experts in [(1, 2, 8), (5, 2, 8), (9, 8, 64), (33, 8, 64)]:
+        picks = np.argsort(rng.random((20_000, tokens, experts)), axis=-1)[..., :k]
+        touched = np.array([len(np.unique(row)) for row in picks.reshape(20_000, -1)])
+        np.testing.assert_allclose(analysis.moe_experts_touched(tokens, k, experts),
+                                   touched.mean(), rtol=0.01)
+    assert analysis.moe_experts_touched(1, 2, 8) == pytest.approx(2.0)
+    np.testing.assert_allclose(analysis.moe_verify_cost_ratio([1, 2, 1000], 2, 8, 0.6),
+                               [1.0, 0.4 + 0.6 * 3.5 / 2, 0.4 + 0.6 * 4.0], rtol=1e-6)
+    assert analysis.moe_verify_cost_ratio(17, 2, 8, 0.0) == 1.0  # dense: v stays 1
+    assert analysis.moe_routed_fraction(600, 100, 4) == pytest.approx(0.4)
+
+
+def test_moe_experts_touched_by_a_models_router():
+    """A random MoE layer's router on a random model's residual stream: the experts its
+    verified windows touch grow with the window as the closed form says (random routers
+    spread tokens unevenly, so a little below it)."""
+    from flax import nnx
+
+    import specjax_models
+
+    config = specjax_models.TransformerConfig(
+        vocab_size=64, num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64,
+        max_seq_len=64, num_experts=16, experts_per_token=2)
+    moe = specjax_models.Transformer(config, rngs=nnx.Rngs(0)).layers[0].mlp
+    stream = jax.random.normal(jax.random.key(1), (4000, 32))
+    _, experts = jax.jit(moe.route)(stream)
+    experts = np.asarray(experts)
+    for window in (1, 3, 5, 9):
+        usable = experts[: len(experts) // window * window].reshape(-1, window * 2)
+        measured = np.mean([len(np.unique(row)) for row in usable])
+        model = analysis.moe_experts_touched(window, 2, 16)
+        assert 0.85 * model <= measured <= model + 1e-9, (window, measured, model)
+    with pytest.raises(ValueError, match="experts_per_token must be in"):
+        analysis.moe_experts_touched(3, 0, 8)
+    with pytest.raises(ValueError, match="routed_fraction must be in"):
+        analysis.moe_verify_cost_ratio(3, 2, 8, 1.5)

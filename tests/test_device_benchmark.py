@@ -37,6 +37,10 @@ def test_the_device_script_runs_every_measurement_at_ci_size(tmp_path):
         assert row["greedy_identical"] is True  # greedy: the same tokens as plain decoding
         # A dry run's timings are a few milliseconds: numbers, not measurements.
         assert row["tau"] >= 1.0 and math.isfinite(row["decode_speedup"])
+    moe = {(r["model"], r["tokens"]) for r in result["moe"]}
+    assert moe == {(model, n) for model in ("moe", "dense") for n in (1, 2, 3)}
+    assert all(r["model_steps"] >= 1.0 for r in result["moe"] if r["model"] == "moe")
     report = (tmp_path / "device.md").read_text()
     assert "Verify cost v(K)" in report and "Decode-phase speedup" in report
+    assert "v(n) of a mixture of experts" in report
     assert (tmp_path / "machine.txt").exists()

@@ -131,6 +131,7 @@ def test_bfloat16_checkpoints_stay_bfloat16(tmp_path):
 
 @pytest.mark.parametrize("patch, message", [
     ({"model_type": "falcon"}, "model_type 'falcon' is not supported"),
+    ({"model_type": "deepseek_v3", "kv_lora_rank": 512}, "multi-head latent attention"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "rope scaling type 'yarn'"),
     ({"hidden_act": "relu"}, "hidden activation 'relu' is not supported"),
     ({"use_sliding_window": True}, "use_sliding_window=true is not supported"),

@@ -93,7 +93,7 @@ def test_each_slot_is_the_parallel_head_at_inference(tiny_lm, kind, first_pair):
     copies, positions = layout["copy"].tolist(), layout["position"].tolist()
     for b in range(2):
         expected_SD = inference_outputs(head, tokens[b], np.asarray(fused_BTD[b]),
-                                        [p - c + 1 for c, p in zip(copies, positions)],
+                                        [p - c + 1 for c, p in zip(copies, positions, strict=True)],
                                         copies)
         for slot, (copy, position) in enumerate(zip(copies, positions, strict=True)):
             np.testing.assert_allclose(out_BSD[b, slot], expected_SD[slot], rtol=2e-4,

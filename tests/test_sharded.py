@@ -206,6 +206,24 @@ SCRIPT = textwrap.dedent("""
         specjax_models.load_checkpoint(TMP + "/ckpt"), restored)]
     results["load_checkpoint placed"] = list(
         restored.params["layers"][1]["attention"]["o_proj"]["kernel"][...].sharding.spec)
+    # A mixture of experts (8 experts, top 2, a dense first layer) split by expert and by
+    # the experts' columns: greedy generate and a speculative chain as on one device.
+    import dataclasses
+    from specjax.sharding import EXPERT_PARALLEL
+    moe = build_lm(4, num_heads=8, num_kv_heads=8, num_layers=3, num_experts=8,
+                   experts_per_token=2, expert_d_ff=32, dense_layers=(0,))
+    moe_draft = specjax_models.first_layers(moe, 2)
+    moe_runs = lambda m, d: [tokens(specjax.generate(m, prompts, **greedy)),
+                             tokens(specjax.speculative_generate(m, d, prompts,
+                                                                 num_draft_tokens=3, **greedy))]
+    results["moe reference"] = moe_runs(moe, moe_draft)
+    for spec, rules in (("model=8", EXPERT_PARALLEL), ("model=8", TENSOR_PARALLEL),
+                        ("data=2,model=4", dataclasses.replace(EXPERT_PARALLEL, batch="data"))):
+        name = spec + (" experts" if rules.experts else " columns")
+        placed_moe = specjax_models.shard(moe, mesh_from_spec(spec), rules)
+        results["moe " + name] = moe_runs(placed_moe, moe_draft)
+        results["moe placed " + name] = list(
+            placed_moe.params["layers"][1]["mlp"]["gate_kernel"][...].sharding.spec)
     print("RESULT", json.dumps(results))
 """).replace("TESTS", repr(str(TESTS)))
 
@@ -368,3 +386,16 @@ def test_a_draft_that_was_never_sharded_follows_its_targets_rules(on_eight_devic
     # [B 8, KV heads 8, slots, head dim 8]: one row per device, or one head per device
     assert placed["data=8"][0] == [None, None] and placed["data=8"][2][:2] == [1, 8]
     assert placed["model=8"][0] == [None, "model"] and placed["model=8"][2][:2] == [8, 1]
+
+
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+def test_a_mixture_of_experts_split_by_expert_or_by_column_decodes_as_on_one_device(
+        on_eight_devices):
+    reference = on_eight_devices["moe reference"]
+    assert reference[0] == reference[1]  # the speculative chain is greedy decoding
+    for name, placed in (("model=8 experts", ["model", None, None]),
+                         ("model=8 columns", [None, None, "model"]),
+                         ("data=2,model=4 experts", ["model", None, None])):
+        assert on_eight_devices["moe " + name] == reference, name
+        assert on_eight_devices["moe placed " + name] == placed, name
+
