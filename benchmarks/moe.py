@@ -7,6 +7,9 @@
    (`specjax.timing.forward_timer`), for the MoE and for a dense model of the same active
    size (its MLP as wide as the k routed experts together), beside the model
    `specjax.analysis.moe_verify_cost_ratio` (each touched expert read once).
+3. KV-cache bytes per token of multi-head latent attention (the cache `init_cache`
+   allocates, read from its arrays' shapes) against full keys and values per head, for
+   DeepSeek-V2-Lite's and V3's published configurations (bfloat16).
 
     python -m benchmarks.moe [--reps 5] [--new-tokens 64] [--batches 1 8]
 """
@@ -115,6 +118,37 @@ def verify_rows(args, widths=WIDTHS, configs=None) -> list[dict]:
     return rows
 
 
+# The attention fields of published configurations (config.json).
+LATENT_ATTENTION = {
+    "DeepSeek-V2-Lite": dict(num_layers=27, num_heads=16, kv_lora_rank=512, q_lora_rank=0,
+                             qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    "DeepSeek-V3": dict(num_layers=61, num_heads=128, kv_lora_rank=512, q_lora_rank=1536,
+                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+}
+
+
+def cache_rows() -> list[dict]:
+    """Bytes per token of the latent cache (from the shapes `KVCache.create` gives, not
+    allocated) and of full per-head keys and values, bfloat16."""
+    import jax
+
+    rows = []
+    for name, fields in LATENT_ATTENTION.items():
+        config = specjax_models.TransformerConfig(
+            vocab_size=1024, d_model=1024, d_ff=1024, max_seq_len=64, num_kv_heads=fields[
+                "num_heads"], dtype="bfloat16", param_dtype="bfloat16", **fields)
+        cache = jax.eval_shape(lambda config=config: specjax_models.KVCache.create(config, 1, 1))
+        latent = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((cache.keys,
+                                                                          cache.values)))
+        heads = fields["num_heads"]
+        full = fields["num_layers"] * heads * 2 * (
+            fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"] + fields["v_head_dim"])
+        rows.append({"model": name, "latent_bytes": latent, "full_bytes": full,
+                     "ratio": full / latent})
+        print(f"cache {name}: {latent} bytes per token against {full}", flush=True)
+    return rows
+
+
 def markdown(payload: dict) -> str:
     machine = payload["machine"]
     lines = ["# A mixture-of-experts target on CPU", "",
@@ -149,6 +183,17 @@ def markdown(payload: dict) -> str:
                   "a wider one runs `ragged_dot`, which XLA's CPU backend computes over "
                   "every expert: there the measured v(n) jumps where the pairs reach the "
                   "16 experts.", ""]
+    if payload.get("cache"):
+        lines += ["## KV cache per token: latent attention against full keys and values",
+                  "", "| configuration | latent cache (bytes/token) | full K/V (bytes/token) "
+                  "| ratio |", "|---|---|---|---|"]
+        for r in payload["cache"]:
+            lines.append(f"| {r['model']} | {r['latent_bytes']:,} | {r['full_bytes']:,} | "
+                         f"{r['ratio']:.1f}x |")
+        lines += ["", "bfloat16, every layer: the latent cache holds kv_lora_rank + "
+                  "qk_rope_head_dim numbers per token and layer "
+                  "(`specjax_models.latent_attention`); full K/V would hold heads x "
+                  "(qk_nope + qk_rope + v_head_dim).", ""]
     lines += [f"Command: `{payload['command']}`", ""]
     return "\n".join(lines)
 
@@ -165,7 +210,7 @@ def main():
     payload = {"benchmark": "moe", "machine": machine_record(), "command": command_line(),
                "moe_params": specjax_models.count_params(build(MOE)[0]),
                "dense_params": specjax_models.count_params(build(DENSE)[0]),
-               "decode": [], "verify": []}
+               "decode": [], "verify": [], "cache": cache_rows()}
     payload["verify"] = verify_rows(args)
     if not args.skip_decode:
         payload["decode"] = decode_rows(args)

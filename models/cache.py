@@ -15,7 +15,8 @@ from specjax_models.config import TransformerConfig
 @dataclasses.dataclass(frozen=True)
 class KVCache:
     """Fixed-size key/value cache: keys and values `[B, num_kv_heads, S, head_dim]` per
-    layer (a tuple of L arrays), or, for a model with
+    layer (multi-head latent attention: keys the latents [B, 1, S, kv_lora_rank], values
+    the rotary keys [B, 1, S, qk_rope_head_dim]) (a tuple of L arrays), or, for a model with
     `scan_layers`, every layer in one array (`[L, B, ...]`, scanned over with the
     layers); and the position of the token in every slot (`positions` int32 [B, S], for
     sliding-window masks: with token trees, positions and slots differ).
@@ -79,6 +80,9 @@ class KVCache:
         # and 8192-slot caches against 256).
         layers, kv, head_dim = config.num_layers, config.num_kv_heads, config.resolved_head_dim
         keys_shape = values_shape = (batch, kv, max_len, head_dim)
+        if config.kv_lora_rank:  # multi-head latent attention: the latent and rotary key
+            keys_shape = (batch, 1, max_len, config.kv_lora_rank)
+            values_shape = (batch, 1, max_len, config.qk_rope_head_dim)
         positions = jnp.zeros((batch, max_len), jnp.int32)
         if config.scan_layers:
             return cls(keys=jnp.zeros((layers,) + keys_shape, config.compute_dtype),

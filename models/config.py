@@ -99,6 +99,13 @@ class TransformerConfig:
     routed_scaling: a factor on the routed output. shared_d_ff: the width of the shared
     experts every token also goes through (0: none), scaled by a sigmoid gate when
     shared_expert_gate (Qwen2-MoE).
+
+    Multi-head latent attention (`specjax_models.latent_attention`; kv_lora_rank = 0:
+    grouped-query attention): keys and values from a latent of width kv_lora_rank and a
+    shared rotary key of width qk_rope_head_dim (what the cache holds), each head's key
+    qk_nope_head_dim + qk_rope_head_dim wide and its value v_head_dim; queries through a
+    latent of width q_lora_rank (0: one projection). head_dim is then unused and
+    num_kv_heads must equal num_heads.
     """
 
     vocab_size: int
@@ -150,6 +157,11 @@ class TransformerConfig:
     routed_scaling: float = 1.0
     shared_d_ff: int = 0
     shared_expert_gate: bool = False
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self):
         for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads",
@@ -198,6 +210,7 @@ class TransformerConfig:
             raise ValueError(f"clip_qkv must be a positive number or None, got {self.clip_qkv!r}")
         object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
         _check_experts(self)
+        _check_latent_attention(self)
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         object.__setattr__(self, "param_dtype", dtype_name(self.param_dtype))
 
@@ -300,4 +313,34 @@ def _check_experts(config: TransformerConfig) -> None:
             config.routed_scaling, (int, float)) or not config.routed_scaling > 0:
         raise ValueError(f"routed_scaling must be a positive number, got "
                          f"{config.routed_scaling!r}")
+
+
+def _check_latent_attention(config: TransformerConfig) -> None:
+    """Refuse a multi-head latent attention configuration by field."""
+    fields = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              "v_head_dim")
+    for name in fields:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if not config.kv_lora_rank:
+        used = [name for name in fields[1:] if getattr(config, name)]
+        if used:
+            raise ValueError(f"{used[0]} is a field of multi-head latent attention: it "
+                             "needs kv_lora_rank > 0")
+        return
+    for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        if not getattr(config, name):
+            raise ValueError(f"multi-head latent attention needs {name} > 0")
+    if config.qk_rope_head_dim % 2:
+        raise ValueError(f"qk_rope_head_dim must be even for rotary embeddings, got "
+                         f"{config.qk_rope_head_dim}")
+    if config.position_embedding != "rope" or config.qk_norm or config.clip_qkv is not None \
+            or config.attn_logit_softcap is not None:
+        raise ValueError("multi-head latent attention takes rotary positions and no q/k norm, "
+                         "clipping or logit soft-capping")
+    if config.num_kv_heads != config.num_heads:
+        raise ValueError(f"multi-head latent attention has a key and value per head: "
+                         f"num_kv_heads ({config.num_kv_heads}) must equal num_heads "
+                         f"({config.num_heads})")
 

@@ -42,6 +42,7 @@ from specjax_models.hf_config import (  # noqa: F401  (re-exported)
     model_type_of,
     rope_from_hf,
 )
+from specjax_models.hf_deepseek import attention_weight_map, interleaved_rope, rope_columns_to_ours
 from specjax_models.hf_moe import expert_weight_map, experts_to_hf, experts_to_ours
 from specjax_models.model_cache import cached_model
 from specjax_models.safetensors_layout import checkpoint_files
@@ -64,7 +65,8 @@ _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 # ---------------------------------------------------------------- weight names
 
-def _weight_map(config: TransformerConfig, hf_names: set[str]) -> dict[str, tuple]:
+def _weight_map(config: TransformerConfig, hf_names: set[str],
+                hf_config: dict | None = None) -> dict[str, tuple]:
     """Our flat parameter name -> (HF tensor name, transform). Transforms: "T" (HF Linear
     [out, in] -> our kernel [in, out]), "id", or ("part", i, n): the i-th of n equal
     column blocks of a fused GPT-2 c_attn; an expert stack maps to a tuple of names
@@ -107,7 +109,9 @@ def _weight_map(config: TransformerConfig, hf_names: set[str]) -> dict[str, tupl
         h, o = f"model.layers.{i}.", f"layers.{i}."
         for ours, theirs in norms.items():
             mapping[o + ours + ".weight"] = (h + theirs + ".weight", "id")
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        if config.kv_lora_rank:
+            mapping.update(attention_weight_map(config, i, interleaved_rope(hf_config or {})))
+        for name in () if config.kv_lora_rank else ("q_proj", "k_proj", "v_proj", "o_proj"):
             mapping[o + f"attention.{name}.kernel"] = (h + f"self_attn.{name}.weight", "T")
             mapping[o + f"attention.{name}.bias"] = (h + f"self_attn.{name}.bias", "id")
         for name in ("q_norm", "k_norm"):
@@ -200,7 +204,7 @@ def _convert_pretrained(path: Path, hf_config: dict, file_of: dict, dtype, scan_
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
     filler = ParamFiller(abstract_params, config.storage_dtype,
                          placement and placement.for_model(config))
-    mapping = _weight_map(config, available)
+    mapping = _weight_map(config, available, hf_config)
     # Plan first, then read file by file: each shard's memory map is closed as soon as its
     # tensors are converted, so the peak is the parameters plus about one shard. (A stack
     # of experts whose tensors span shards opens the others for the stack's own reads.)
@@ -229,6 +233,8 @@ def _convert_pretrained(path: Path, hf_config: dict, file_of: dict, dtype, scan_
                 if isinstance(transform, str) and transform in ("T", "id") or \
                         transform[0] == "part":
                     array = _to_ours(read(hf_names[0]), transform)
+                elif transform[0] in ("rope_columns", "rope_bias"):
+                    array = rope_columns_to_ours(read(hf_names[0]), transform)
                 else:  # a stack of experts
                     array = experts_to_ours([read(n) for n in hf_names], transform)
                 try:
@@ -238,8 +244,11 @@ def _convert_pretrained(path: Path, hf_config: dict, file_of: dict, dtype, scan_
                                      f"{error}") from None
                 used.update(hf_names)
                 del array
+    mtp_layers = {f"model.layers.{config.num_layers + i}."
+                  for i in range(hf_config.get("num_nextn_predict_layers") or 0)}
     unused = sorted(n for n in available - used if not n.endswith(_IGNORED_SUFFIXES)
                     and not n.startswith(MTP_PREFIX)
+                    and not any(n.startswith(layer) for layer in mtp_layers)
                     and not (config.tie_embeddings and n == "lm_head.weight"))
     if unused:
         raise ValueError(f"the checkpoint {path} has weights this architecture does not use: "

@@ -4,10 +4,11 @@ their fields (rope scaling, sliding windows, experts) translate, both ways."""
 from __future__ import annotations
 
 from specjax_models.config import TransformerConfig, dtype_name
+from specjax_models.hf_deepseek import DEEPSEEK_MODEL_TYPES, deepseek_fields
 from specjax_models.hf_moe import MOE_MODEL_TYPES, moe_config_to_hf, moe_fields, moe_model_type
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2",
-                         "mimo", *MOE_MODEL_TYPES)
+                         "mimo", *MOE_MODEL_TYPES, *DEEPSEEK_MODEL_TYPES)
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
@@ -63,11 +64,6 @@ def _sliding_layers(hf: dict, num_layers: int) -> str:
 def config_from_hf(hf: dict, dtype=None) -> TransformerConfig:
     """A TransformerConfig from a Hugging Face config.json dict."""
     model_type = hf.get("model_type")
-    if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2") or (
-            isinstance(hf.get("kv_lora_rank"), int) and model_type not in SUPPORTED_MODEL_TYPES):
-        raise ValueError(f"model_type {model_type!r} is DeepSeek's architecture, whose "
-                         "multi-head latent attention (MLA: kv_lora_rank) is not built yet "
-                         "(its router and experts are: specjax_models.feed_forward)")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {model_type!r} is not supported; supported: "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
@@ -95,6 +91,8 @@ def config_from_hf(hf: dict, dtype=None) -> TransformerConfig:
             param_dtype=dtype)
 
     family = MOE_MODEL_TYPES.get(model_type, model_type)  # the attention's family
+    if model_type in DEEPSEEK_MODEL_TYPES:
+        family = "llama"  # norms, biases and dense layers as Llama's; attention below
     heads = hf["num_attention_heads"]
     act = hf.get("hidden_activation") or hf.get("hidden_act", "silu")
     if model_type in ("gemma", "gemma2"):
@@ -128,6 +126,8 @@ def config_from_hf(hf: dict, dtype=None) -> TransformerConfig:
         fields.update(qk_norm=True, qk_norm_scope="projection", clip_qkv=hf.get("clip_qkv"))
     if model_type in MOE_MODEL_TYPES:
         fields.update(moe_fields(hf))
+    if model_type in DEEPSEEK_MODEL_TYPES:
+        fields.update(deepseek_fields(hf))
     if model_type in ("gemma", "gemma2"):
         fields.update(norm_weight_offset=True, embed_scale=True)
     if model_type == "gemma2":
@@ -142,6 +142,8 @@ def config_from_hf(hf: dict, dtype=None) -> TransformerConfig:
 
 def model_type_of(config: TransformerConfig) -> str:
     """The transformers model_type that computes exactly what `config` computes."""
+    if config.kv_lora_rank:
+        return "deepseek_v3" if config.router_bias else "deepseek_v2"
     if config.num_experts:
         return moe_model_type(config)
     if config.position_embedding == "learned":
@@ -161,6 +163,10 @@ def model_type_of(config: TransformerConfig) -> str:
 
 def config_to_hf(config: TransformerConfig) -> dict:
     """A config.json dict transformers loads into the same architecture."""
+    if config.kv_lora_rank:
+        raise ValueError("a model with multi-head latent attention (DeepSeek) is not exported "
+                         "to transformers' layout (its interleaved rotary columns are not "
+                         "written back); save it with save_checkpoint")
     if config.input_vocab_size not in (None, config.vocab_size):
         raise ValueError(f"transformers has no model whose embedding ({config.input_vocab_size} "
                          f"rows) and LM head ({config.vocab_size} rows) differ: a "

@@ -136,10 +136,13 @@ def expert_weight_map(config: TransformerConfig, layer: int, hf_names: set[str])
         for kernel, name in names.items():
             mapping[ours + kernel] = (tuple(f"{block}experts.{e}.{name}.weight"
                                             for e in range(config.num_experts)), "experts")
+    if config.router_bias:  # DeepSeek-V3's correction bias, a buffer of the gate
+        mapping[ours + "router_bias"] = (block + "gate.e_score_correction_bias", "id")
     if config.shared_d_ff:
+        # Qwen2-MoE's one gated shared expert, DeepSeek's shared experts as one MLP.
+        shared = "shared_expert" if config.shared_expert_gate else "shared_experts"
         for name in ("gate_proj", "up_proj", "down_proj"):
-            mapping[ours + f"shared.{name}.kernel"] = (block + f"shared_expert.{name}.weight",
-                                                       "T")
+            mapping[ours + f"shared.{name}.kernel"] = (block + f"{shared}.{name}.weight", "T")
         if config.shared_expert_gate:
             mapping[ours + "shared_gate.kernel"] = (block + "shared_expert_gate.weight", "T")
     return mapping

@@ -53,6 +53,12 @@ _AXES = {
     ("mlp", "down_kernel"): ("experts", "mlp", "embed"),
     ("router", "kernel"): ("embed", None), ("mlp", "router_bias"): (None,),
     ("shared_gate", "kernel"): ("embed", None),
+    # Multi-head latent attention: the latents are shared by every head (replicated, as
+    # the cache of latents is), the up-projections split by head.
+    ("q_a_proj", "kernel"): ("embed", None), ("q_a_proj", "bias"): (None,),
+    ("q_b_proj", "kernel"): (None, "heads"),
+    ("kv_a_proj", "kernel"): ("embed", None), ("kv_a_proj", "bias"): (None,),
+    ("kv_b_proj", "kernel"): (None, "heads"),
 }
 CACHE_AXES = ("batch", "kv_heads", "cache_slots", None)
 
@@ -81,17 +87,19 @@ class _ShardedInitCache:
     inner: Any
     mesh: Mesh
     rules: ShardingRules
+    latent: bool = False  # multi-head latent attention: one latent per token, no KV heads
 
     def __call__(self, params, batch: int, max_len: int):
         cache = self.inner(params, batch, max_len)
         constrain = lambda array, axes, what: jax.lax.with_sharding_constraint(
             array, named_sharding(self.mesh, self.rules, axes, array.shape, what))
+        axes = ("batch", None, "cache_slots", None) if self.latent else CACHE_AXES
         if isinstance(cache.keys, tuple):
-            keys = tuple(constrain(k, CACHE_AXES, "the KV cache") for k in cache.keys)
-            values = tuple(constrain(v, CACHE_AXES, "the KV cache") for v in cache.values)
+            keys = tuple(constrain(k, axes, "the KV cache") for k in cache.keys)
+            values = tuple(constrain(v, axes, "the KV cache") for v in cache.values)
         else:  # scanned: [L, B, K, S, H]
-            keys = constrain(cache.keys, ("layers",) + CACHE_AXES, "the KV cache")
-            values = constrain(cache.values, ("layers",) + CACHE_AXES, "the KV cache")
+            keys = constrain(cache.keys, ("layers",) + axes, "the KV cache")
+            values = constrain(cache.values, ("layers",) + axes, "the KV cache")
         positions = constrain(cache.positions, ("batch", "cache_slots"), "the cache positions")
         return type(cache)(keys, values, positions)
 
@@ -121,7 +129,9 @@ def shard(lm: specjax.CausalLM, mesh: Mesh, rules: ShardingRules) -> specjax.Cau
                                                  where(path, leaf.get_value().shape))))
               for path, leaf in nnx.to_flat_state(lm.params)]
     return dataclasses.replace(lm, params=nnx.from_flat_state(placed),
-                               init_cache_fn=_ShardedInitCache(lm.init_cache_fn, mesh, rules))
+                               init_cache_fn=_ShardedInitCache(
+                                   lm.init_cache_fn, mesh, rules,
+                                   bool(getattr(module_config, "kv_lora_rank", 0))))
 
 
 @dataclasses.dataclass(frozen=True)

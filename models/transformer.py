@@ -33,6 +33,7 @@ from specjax_models.attention import (  # noqa: F401  (re-exported)
 from specjax_models.cache import KVCache, write_rows
 from specjax_models.config import ACTIVATIONS, TransformerConfig, dtype_name  # noqa: F401
 from specjax_models.feed_forward import MLP, MoE
+from specjax_models.latent_attention import LatentAttention
 from specjax_models.norms import LayerNorm, RMSNorm, make_norm  # noqa: F401
 from specjax_models.params import (  # noqa: F401  (re-exported)
     ParamFiller,
@@ -50,7 +51,8 @@ class Block(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, layer: int = 0):
         self.input_norm = make_norm(config)
-        self.attention = Attention(config, rngs=rngs)
+        self.attention = LatentAttention(config, rngs=rngs) if config.kv_lora_rank \
+            else Attention(config, rngs=rngs)
         self.post_attention_norm = make_norm(config)  # the pre-MLP norm, as HF names it
         self.mlp = MoE(config, rngs=rngs) if config.layer_is_moe(layer) \
             else MLP(config, rngs=rngs)

@@ -60,11 +60,12 @@ class SoftmaxState:
     weighted_BKGTH: Array
 
 
-def empty_state(q_BKGTH: Array) -> SoftmaxState:
-    """The state before any key: attends to nothing."""
+def empty_state(q_BKGTH: Array, value_dim: int | None = None) -> SoftmaxState:
+    """The state before any key: attends to nothing. `value_dim`: the values' width, when
+    it is not the queries' (multi-head latent attention)."""
     shape = q_BKGTH.shape[:-1]
     return SoftmaxState(jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32),
-                        jnp.zeros(q_BKGTH.shape, jnp.float32))
+                        jnp.zeros(shape + (value_dim or q_BKGTH.shape[-1],), jnp.float32))
 
 
 def masked_scores(q_BKGTH: Array, keys_BKSH: Array, visible_BTS: Array, scale: float,
@@ -172,18 +173,20 @@ def attend_written_cache(q_BKGTH: Array, read_block: ReadBlock,
                          visible_block: Callable[[Array, Array], Array],
                          reach_BT: Array, *, capacity: int, block_size: int,
                          query_block: int, scale: float, softcap: float | None,
-                         compute_dtype) -> Array:
+                         compute_dtype, value_dim: int | None = None) -> Array:
     """Attention of many queries (a prefill, a wide tree) over a cache that already holds
     their keys: queries in blocks of `query_block`, each reading only the slots below the
     furthest one its queries reach (`reach[b, t]`: the slot after the last one query t of
-    row b may read). Returns `[B, K, G, T, H]` in the queries' dtype.
+    row b may read). Returns `[B, K, G, T, value_dim]` in the queries' dtype (value_dim:
+    the values' width, default the queries').
 
     `visible_block(query_index [Tq], slots [size]) -> bool [B, Tq, size]` masks one block
     of queries against one block of slots.
     """
     batch, kv_heads, group, num_new, head_dim = q_BKGTH.shape
+    value_dim = value_dim or head_dim
     if num_new <= query_block:
-        state = attend_cache(empty_state(q_BKGTH), q_BKGTH, read_block,
+        state = attend_cache(empty_state(q_BKGTH, value_dim), q_BKGTH, read_block,
                              lambda slots: visible_block(jnp.arange(num_new), slots),
                              jnp.max(reach_BT), capacity=capacity, block_size=block_size,
                              scale=scale, softcap=softcap, compute_dtype=compute_dtype)
@@ -199,7 +202,7 @@ def attend_written_cache(q_BKGTH: Array, read_block: ReadBlock,
         queries_BKGtH = jax.lax.dynamic_slice_in_dim(q_BKGTH, first, query_block, axis=3)
         query_index_t = first + jnp.arange(query_block, dtype=jnp.int32)
         reach = jnp.max(jax.lax.dynamic_slice_in_dim(reach_BT, first, query_block, axis=1))
-        state = attend_cache(empty_state(queries_BKGtH), queries_BKGtH, read_block,
+        state = attend_cache(empty_state(queries_BKGtH, value_dim), queries_BKGtH, read_block,
                              lambda slots: visible_block(query_index_t, slots), reach,
                              capacity=capacity, block_size=block_size, scale=scale,
                              softcap=softcap, compute_dtype=compute_dtype)
@@ -207,4 +210,4 @@ def attend_written_cache(q_BKGTH: Array, read_block: ReadBlock,
 
     out_QBKGtH = jax.lax.map(one_query_block, jnp.arange(num_query_blocks, dtype=jnp.int32))
     out_BKGQtH = out_QBKGtH.transpose(1, 2, 3, 0, 4, 5)
-    return out_BKGQtH.reshape(batch, kv_heads, group, padded, head_dim)[:, :, :, :num_new]
+    return out_BKGQtH.reshape(batch, kv_heads, group, padded, value_dim)[:, :, :, :num_new]

@@ -224,6 +224,17 @@ SCRIPT = textwrap.dedent("""
         results["moe " + name] = moe_runs(placed_moe, moe_draft)
         results["moe placed " + name] = list(
             placed_moe.params["layers"][1]["mlp"]["gate_kernel"][...].sharding.spec)
+    # Multi-head latent attention: up-projections split by head, latent cache replicated.
+    mla = build_lm(5, num_heads=8, num_kv_heads=8, num_layers=2, kv_lora_rank=16,
+                   q_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+    mla_draft = specjax_models.first_layers(mla, 1)
+    results["mla reference"] = moe_runs(mla, mla_draft)
+    for spec, rules in (("model=8", TENSOR_PARALLEL), ("data=2,model=4", DATA_AND_TENSOR)):
+        placed_mla = specjax_models.shard(mla, mesh_from_spec(spec), rules)
+        results["mla " + spec] = moe_runs(placed_mla, mla_draft)
+        results["mla placed " + spec] = list(
+            placed_mla.params["layers"][0]["attention"]["kv_b_proj"]["kernel"][...]
+            .sharding.spec)
     print("RESULT", json.dumps(results))
 """).replace("TESTS", repr(str(TESTS)))
 
@@ -398,4 +409,13 @@ def test_a_mixture_of_experts_split_by_expert_or_by_column_decodes_as_on_one_dev
                          ("data=2,model=4 experts", ["model", None, None])):
         assert on_eight_devices["moe " + name] == reference, name
         assert on_eight_devices["moe placed " + name] == placed, name
+
+
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+def test_latent_attention_split_by_head_decodes_as_on_one_device(on_eight_devices):
+    reference = on_eight_devices["mla reference"]
+    assert reference[0] == reference[1]
+    for spec in ("model=8", "data=2,model=4"):
+        assert on_eight_devices["mla " + spec] == reference, spec
+        assert on_eight_devices["mla placed " + spec] == [None, "model"], spec
 
