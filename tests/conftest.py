@@ -1,5 +1,6 @@
 """Shared fixtures: tiny models built once per session so compiled functions are reused."""
 
+import functools
 import json
 import os
 import subprocess
@@ -254,6 +255,13 @@ def run_cli(*args, timeout: float = 240, input: str | None = None, env=None):
     """`python -m specjax.cli ARGS` in a subprocess, its output captured as text."""
     return subprocess.run([sys.executable, "-m", "specjax.cli", *args], capture_output=True,
                           text=True, timeout=timeout, input=input, env=env)
+
+
+@functools.cache
+def plain_cli(*args: str):
+    """`run_cli(*args)` once per test process: for the deterministic runs (plain greedy
+    decoding of the bundled target) that several tests compare their output against."""
+    return run_cli(*args)
 
 
 def smollm2_or_skip() -> None:

@@ -4,7 +4,7 @@ then decodes with exactly; its help shows each model's defaults."""
 import json
 
 import pytest
-from conftest import run_cli
+from conftest import plain_cli, run_cli
 
 from specjax_models.recipes import stdlib_corpus as corpus
 
@@ -36,7 +36,8 @@ def test_train_drafter_then_generate_with_it(tmp_path):
         extra = ("--min-confidence", "0.2") if method == "kangaroo" else ()
         spec = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--drafter", method,
                    "--head", str(out), *extra)
-        plain = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--no-speculation")
+        plain = plain_cli("generate", prompt, "--json", "--max-new-tokens", "24",
+                      "--no-speculation")
         assert spec.returncode == 0, spec.stderr
         assert json.loads(spec.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
 
@@ -77,7 +78,8 @@ def test_train_a_parallel_draft_then_generate_with_it(tmp_path):
     prompt = "def parse(source):\n    "
     spec = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--drafter",
                    "parallel", "--draft", str(out), "--num-draft-tokens", "4")
-    plain = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--no-speculation")
+    plain = plain_cli("generate", prompt, "--json", "--max-new-tokens", "24",
+                      "--no-speculation")
     assert spec.returncode == 0, spec.stderr
     assert json.loads(spec.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
     stats = json.loads(spec.stdout)["stats"]
@@ -106,7 +108,8 @@ def test_train_a_p_eagle_head_then_generate_with_it(tmp_path):
     prompt = "def parse(source):\n    "
     spec = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--drafter",
                    "p-eagle", "--head", str(out), "--num-draft-tokens", "4")
-    plain = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--no-speculation")
+    plain = plain_cli("generate", prompt, "--json", "--max-new-tokens", "24",
+                      "--no-speculation")
     assert spec.returncode == 0, spec.stderr
     assert json.loads(spec.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
     stats = json.loads(spec.stdout)["stats"]
