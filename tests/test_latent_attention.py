@@ -90,6 +90,7 @@ def test_every_cache_path_equals_the_full_forward():
         lengths = lengths + chunk
 
 
+@pytest.mark.slow  # four decoders compiled; the unit suite keeps the cache paths above
 def test_speculative_decoding_on_latent_attention_is_greedy_decoding():
     """A chain, a static tree (compaction of the latent cache) and a chunked prefill, on
     unrolled and scanned layers, against generate."""

@@ -107,6 +107,15 @@ TESTED_IN = {
     "models/gguf_layout.py": "test_faults.py",  # checks of bad files: fault injection
     "models/safetensors_layout.py": "test_faults.py",
     "specjax/training/heads.py": "test_training_heads.py",
+    # The model definition by concern, tested as the model it makes up.
+    "models/cache.py": "test_transformer.py",  # writes in place, compaction
+    "models/config.py": "test_transformer.py",  # its checks (experts': test_feed_forward)
+    "models/norms.py": "test_transformer.py",
+    "models/params.py": "test_checkpoint.py",  # ParamFiller, as the loaders fill models
+    # Hugging Face translation, by family, against transformers' own models.
+    "models/hf_config.py": "test_hf.py",
+    "models/hf_moe.py": "test_hf.py",
+    "models/hf_deepseek.py": "test_hf.py",
 }
 
 

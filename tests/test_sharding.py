@@ -30,7 +30,7 @@ def test_rules_map_logical_axes_to_mesh_axes():
 
 def test_rules_refuse_unknown_axes_and_two_dimensions_on_one_mesh_axis():
     with pytest.raises(ValueError, match="unknown logical axes"):
-        TENSOR_PARALLEL.spec(("embed", "experts"))
+        TENSOR_PARALLEL.spec(("embed", "routers"))
     with pytest.raises(ValueError, match="map two dimensions to one mesh axis"):
         TENSOR_PARALLEL.spec(("heads", "mlp"))
     with pytest.raises(ValueError, match="ShardingRules.heads must be a mesh axis name"):
