@@ -14,7 +14,7 @@ from flax import nnx
 from jax import Array
 
 from specjax import attention
-from specjax.rope import apply_rotary, inverse_frequencies
+from specjax.rope import apply_rotary, inverse_frequencies, rotary_scale
 from specjax_models.cache import write_layer_rows
 from specjax_models.config import TransformerConfig
 from specjax_models.norms import RMSNorm
@@ -78,9 +78,9 @@ class Attention(nnx.Module):
         if cfg.qk_norm and cfg.qk_norm_scope == "head":
             q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
         if cfg.position_embedding == "rope":
-            inv_freq = rotary_inverse_frequencies(cfg)
-            q_BTNH = apply_rotary(q_BTNH, positions_BT, inv_freq)
-            k_BTKH = apply_rotary(k_BTKH, positions_BT, inv_freq)
+            inv_freq, scale = rotary_inverse_frequencies(cfg), rotary_scale(cfg.rope_scaling)
+            q_BTNH = apply_rotary(q_BTNH, positions_BT, inv_freq, scale)
+            k_BTKH = apply_rotary(k_BTKH, positions_BT, inv_freq, scale)
 
         k_BKTH = k_BTKH.transpose(0, 2, 1, 3)
         v_BKTH = v_BTKH.transpose(0, 2, 1, 3)

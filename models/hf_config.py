@@ -3,6 +3,8 @@ their fields (rope scaling, sliding windows, experts) translate, both ways."""
 
 from __future__ import annotations
 
+import math
+
 from specjax_models.config import TransformerConfig, dtype_name
 from specjax_models.hf_deepseek import DEEPSEEK_MODEL_TYPES, deepseek_fields
 from specjax_models.hf_moe import MOE_MODEL_TYPES, moe_config_to_hf, moe_fields, moe_model_type
@@ -32,8 +34,24 @@ def rope_from_hf(hf: dict) -> tuple[float, tuple | None]:
                        int(_rope_number(spec, "original_max_position_embeddings")))
     if kind == "linear":
         return theta, ("linear", _rope_number(spec, "factor"))
+    if kind == "yarn":
+        factor = _rope_number(spec, "factor")
+        attention_factor = spec.get("attention_factor")
+        if attention_factor is None:  # as transformers infers it (YaRN's Eq. 21)
+            mscale, mscale_all_dim = spec.get("mscale"), spec.get("mscale_all_dim")
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(
+                factor, mscale_all_dim) if mscale and mscale_all_dim else yarn_mscale(factor)
+        return theta, ("yarn", factor,
+                       int(_rope_number(spec, "original_max_position_embeddings")),
+                       float(spec.get("beta_fast") or 32), float(spec.get("beta_slow") or 1),
+                       float(attention_factor), bool(spec.get("truncate", True)))
     raise ValueError(f"rope scaling type {kind!r} is not supported (supported: default, "
-                     "llama3, linear)")
+                     "llama3, linear, yarn)")
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's 0.1 mscale ln(factor) + 1 (1 when the factor does not stretch)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def _rope_number(spec: dict, name: str) -> float:
@@ -205,6 +223,12 @@ def config_to_hf(config: TransformerConfig) -> dict:
     if config.rope_scaling is not None:
         if config.rope_scaling[0] == "linear":
             hf["rope_scaling"] = {"rope_type": "linear", "factor": config.rope_scaling[1]}
+        elif config.rope_scaling[0] == "yarn":
+            _, factor, original, fast, slow, attention_factor, truncate = config.rope_scaling
+            hf["rope_scaling"] = {"rope_type": "yarn", "factor": factor,
+                                  "original_max_position_embeddings": original,
+                                  "beta_fast": fast, "beta_slow": slow,
+                                  "attention_factor": attention_factor, "truncate": truncate}
         else:
             _, factor, low, high, original = config.rope_scaling
             hf["rope_scaling"] = {"rope_type": "llama3", "factor": factor,

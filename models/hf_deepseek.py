@@ -32,7 +32,8 @@ def deepseek_fields(hf: dict) -> dict:
     model_type = hf["model_type"]
     heads = hf["num_attention_heads"]
     nope, rope = _field(hf, "qk_nope_head_dim"), _field(hf, "qk_rope_head_dim")
-    fields = dict(num_kv_heads=heads, head_dim=rope, kv_lora_rank=_field(hf, "kv_lora_rank"),
+    fields = dict(num_kv_heads=heads, head_dim=rope, query_scale=_softmax_scale(hf, nope + rope),
+                  kv_lora_rank=_field(hf, "kv_lora_rank"),
                   q_lora_rank=_field(hf, "q_lora_rank", 0) if hf.get("q_lora_rank") else 0,
                   qk_nope_head_dim=nope, qk_rope_head_dim=rope,
                   v_head_dim=_field(hf, "v_head_dim"))
@@ -62,6 +63,19 @@ def deepseek_fields(hf: dict) -> dict:
         router_normalize=bool(hf.get("norm_topk_prob", False)),
         routed_scaling=float(hf.get("routed_scaling_factor", 1.0)),
         shared_d_ff=expert_d_ff * shared)
+
+
+def _softmax_scale(hf: dict, key_dim: int) -> float:
+    """key_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 when the rope is
+    stretched (DeepSeek scales every dimension's scores, not only the rotary ones)."""
+    from specjax_models.hf_config import yarn_mscale
+
+    spec = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    scale = key_dim ** -0.5
+    if spec.get("rope_type", spec.get("type", "default")) not in ("default", None) \
+            and spec.get("mscale_all_dim"):
+        scale *= yarn_mscale(float(spec["factor"]), float(spec["mscale_all_dim"])) ** 2
+    return scale
 
 
 def interleaved_rope(hf: dict) -> bool:

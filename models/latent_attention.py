@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import Array
 
-from specjax.rope import apply_rotary, inverse_frequencies
+from specjax.rope import apply_rotary, inverse_frequencies, rotary_scale
 from specjax_models.attention import attend
 from specjax_models.config import TransformerConfig
 from specjax_models.norms import RMSNorm
@@ -76,11 +76,12 @@ class LatentAttention(nnx.Module):
             q_BTX = self.q_proj(x_BTD)
         q_BTNQ = q_BTX.reshape(batch, num_new, heads, nope + rope)
         inv_freq = inverse_frequencies(rope, cfg.rope_theta, cfg.rope_scaling)
-        q_rotary_BTNR = apply_rotary(q_BTNQ[..., nope:], positions_BT, inv_freq)
+        rotate = rotary_scale(cfg.rope_scaling)
+        q_rotary_BTNR = apply_rotary(q_BTNQ[..., nope:], positions_BT, inv_freq, rotate)
         compressed_BTX = self.kv_a_proj(x_BTD)
         latent_BTC = self.kv_a_norm(compressed_BTX[..., :latent_dim])
         k_rotary_BT1R = apply_rotary(compressed_BTX[..., None, latent_dim:], positions_BT,
-                                     inv_freq)
+                                     inv_freq, rotate)
         # W_uk and W_uv of each head, [C, N, nope] and [C, N, V]: absorbed into the query
         # and applied to the attended latent.
         up_CNX = self.kv_b_proj.kernel[...].astype(cfg.compute_dtype).reshape(

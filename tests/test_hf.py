@@ -55,7 +55,15 @@ FAMILIES = {
     "deepseek_v2": ("DeepseekV2Config", dict(DEEPSEEK, q_lora_rank=None,
                                              topk_method="group_limited_greedy", n_group=4,
                                              topk_group=2, routed_scaling_factor=2.0)),
-    "deepseek_v3": ("DeepseekV3Config", dict(DEEPSEEK, n_group=4, topk_group=2)),
+    # YaRN as DeepSeek-V3 ships it (factor 40, mscale and mscale_all_dim: cos and sin and
+    # every score rescaled), over 24-token prompts past its 16-token original context.
+    "deepseek_v3": ("DeepseekV3Config", dict(DEEPSEEK, n_group=4, topk_group=2,
+                                             max_position_embeddings=640, rope_parameters={
+        "rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 16,
+        "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10_000.0})),
+    "qwen2-yarn": ("Qwen2Config", dict(COMMON, rope_parameters={
+        "rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 16,
+        "rope_theta": 10_000.0})),
 }
 TOKENS = np.random.default_rng(0).integers(0, 300, (3, 24)).astype(np.int64)
 MLA_FAMILIES = ("deepseek_v2", "deepseek_v3")
@@ -151,7 +159,10 @@ def test_bfloat16_checkpoints_stay_bfloat16(tmp_path):
 
 @pytest.mark.parametrize("patch, message", [
     ({"model_type": "falcon"}, "model_type 'falcon' is not supported"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "rope scaling type 'yarn'"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}},
+     "rope scaling type 'longrope'"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}},
+     "original_max_position_embeddings is missing"),
     ({"hidden_act": "relu"}, "hidden activation 'relu' is not supported"),
     ({"use_sliding_window": True}, "use_sliding_window=true is not supported"),
 ])

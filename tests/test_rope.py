@@ -9,7 +9,9 @@ import pytest
 from specjax import rope
 
 
-@pytest.mark.parametrize("scaling", [None, ("linear", 4.0), ("llama3", 8.0, 1.0, 4.0, 64)])
+@pytest.mark.parametrize("scaling", [None, ("linear", 4.0), ("llama3", 8.0, 1.0, 4.0, 64),
+                                     ("yarn", 40.0, 64, 32.0, 1.0, 1.0, True),
+                                     ("yarn", 4.0, 100, 16.0, 2.0, 1.0, False)])
 def test_inverse_frequencies_equal_transformers(scaling):
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -17,6 +19,10 @@ def test_inverse_frequencies_equal_transformers(scaling):
     spec = {"rope_type": "default", "rope_theta": 500_000.0}
     if scaling is not None and scaling[0] == "linear":
         spec = {**spec, "rope_type": "linear", "factor": scaling[1]}
+    elif scaling is not None and scaling[0] == "yarn":
+        spec = {**spec, "rope_type": "yarn", "factor": scaling[1],
+                "original_max_position_embeddings": scaling[2], "beta_fast": scaling[3],
+                "beta_slow": scaling[4], "truncate": scaling[6]}
     elif scaling is not None:
         spec = {**spec, "rope_type": "llama3", "factor": scaling[1],
                 "low_freq_factor": scaling[2], "high_freq_factor": scaling[3],
@@ -45,6 +51,17 @@ def test_rotation_turns_each_pair_by_its_angle():
 
 
 def test_bad_scaling_is_refused():
-    for bad in (("yarn", 2.0), ("llama3", 8.0), ()):
+    for bad in (("yarn", 2.0), ("llama3", 8.0), ("longrope", 2.0), ()):
         with pytest.raises(ValueError, match="rope_scaling must be"):
             rope.check_rope_scaling(bad)
+
+
+def test_yarn_scales_cos_and_sin_by_its_attention_factor():
+    x = np.random.default_rng(1).standard_normal((1, 2, 1, 8)).astype(np.float32)
+    positions, inv_freq = jnp.asarray([[3, 9]]), rope.inverse_frequencies(8, 10_000.0)
+    plain = np.asarray(rope.apply_rotary(jnp.asarray(x), positions, inv_freq))
+    scaled = np.asarray(rope.apply_rotary(jnp.asarray(x), positions, inv_freq, 1.37))
+    np.testing.assert_allclose(scaled, 1.37 * plain, rtol=1e-6)
+    assert rope.rotary_scale(("yarn", 40.0, 64, 32.0, 1.0, 1.37, True)) == 1.37
+    assert rope.rotary_scale(("linear", 4.0)) == 1.0 and rope.rotary_scale(None) == 1.0
+

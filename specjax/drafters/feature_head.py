@@ -326,8 +326,10 @@ def project_qkv(params: dict, config: FeatureHeadConfig, attention_input_BTA: Ar
         return out.reshape(batch, length, heads, hd)
 
     q, k = project("q", config.num_heads), project("k", config.num_kv_heads)
-    return (rope.apply_rotary(q, positions_BT, inv_freq_F),
-            rope.apply_rotary(k, positions_BT, inv_freq_F), project("v", config.num_kv_heads))
+    scale = rope.rotary_scale(config.rope_scaling)
+    return (rope.apply_rotary(q, positions_BT, inv_freq_F, scale),
+            rope.apply_rotary(k, positions_BT, inv_freq_F, scale),
+            project("v", config.num_kv_heads))
 
 
 def first_pair_visibility(config: FeatureHeadConfig, query_slots_BT: Array,
