@@ -18,11 +18,8 @@ from flax import nnx
 import specjax
 import specjax_models
 from benchmarks.common import (
-    block,
+    greedy_against_transformers,
     machine_record,
-    median,
-    timed,
-    transformers_greedy,
     write_results,
 )
 from benchmarks.hf_reference import to_transformers
@@ -50,30 +47,9 @@ def main():
     rows = []
     for batch in args.batches:
         prompts = rng.integers(0, CONFIG.vocab_size, (batch, args.prompt_len)).astype(np.int32)
-        ours = lambda prompts=prompts: block(specjax.generate(
-            lm, prompts, max_new_tokens=args.new_tokens, sampling=specjax.GREEDY).tokens)
-        input_ids = torch.from_numpy(prompts.astype(np.int64))
-
-        theirs = lambda input_ids=input_ids: transformers_greedy(hf, input_ids, args.new_tokens,
-                                                                 pad_id=0)
-
-        compile_s = timed(ours)
-        theirs()  # warm-up
-        our_tokens = np.asarray(ours())
-        their_tokens = theirs().numpy()
-        identical = bool(np.array_equal(our_tokens, their_tokens))
-        ours_t, theirs_t = [], []
-        for _ in range(args.reps):
-            ours_t.append(timed(ours))
-            theirs_t.append(timed(theirs))
-        generated = batch * args.new_tokens
-        row = {"batch": batch, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
-               "specjax_tokens_per_s": generated / median(ours_t),
-               "transformers_tokens_per_s": generated / median(theirs_t),
-               "specjax_times_s": ours_t, "transformers_times_s": theirs_t,
-               "specjax_first_call_s_incl_compile": compile_s,
-               "identical_tokens": identical}
-        row["ratio"] = row["specjax_tokens_per_s"] / row["transformers_tokens_per_s"]
+        row = greedy_against_transformers(lm, hf, prompts, args.new_tokens, args.reps)
+        row.update(new_tokens=args.new_tokens, prompt_len=args.prompt_len)
+        identical = row["identical_tokens"]
         rows.append(row)
         print(f"batch {batch}: specjax {row['specjax_tokens_per_s']:.0f} tok/s, transformers "
               f"{row['transformers_tokens_per_s']:.0f} tok/s, ratio {row['ratio']:.2f}, "

@@ -35,6 +35,35 @@ def transformers_greedy(hf_model, input_ids, new_tokens: int, pad_id: int, **ext
     return out[:, input_ids.shape[1]:]
 
 
+def greedy_against_transformers(lm, hf_model, prompts, new_tokens: int, reps: int) -> dict:
+    """Greedy decoding of `prompts` (int32 [B, P]) by `specjax.generate` on `lm` and by
+    transformers' `generate` on the same weights, alternating `reps` times: tokens/s of
+    each (medians, compile apart), their ratio and whether the tokens are identical."""
+    import numpy as np
+    import torch
+
+    import specjax
+
+    ours = lambda: block(specjax.generate(lm, prompts, max_new_tokens=new_tokens,
+                                          sampling=specjax.GREEDY).tokens)
+    input_ids = torch.from_numpy(np.asarray(prompts).astype(np.int64))
+    theirs = lambda: transformers_greedy(hf_model, input_ids, new_tokens, pad_id=0)
+    first_call = timed(ours)
+    theirs()  # warm-up
+    identical = bool(np.array_equal(np.asarray(ours()), theirs().numpy()))
+    ours_t, theirs_t = [], []
+    for _ in range(reps):
+        ours_t.append(timed(ours))
+        theirs_t.append(timed(theirs))
+    made = len(prompts) * new_tokens
+    row = {"batch": len(prompts), "specjax_tokens_per_s": made / median(ours_t),
+           "transformers_tokens_per_s": made / median(theirs_t), "specjax_times_s": ours_t,
+           "transformers_times_s": theirs_t, "specjax_first_call_s_incl_compile": first_call,
+           "identical_tokens": identical}
+    row["ratio"] = row["specjax_tokens_per_s"] / row["transformers_tokens_per_s"]
+    return row
+
+
 def block(x):
     """Wait for every array in a pytree (JAX) so timings include the computation."""
     import jax

@@ -25,12 +25,9 @@ from flax import nnx
 import specjax
 import specjax_models
 from benchmarks.common import (
-    block,
     command_line,
+    greedy_against_transformers,
     machine_record,
-    median,
-    timed,
-    transformers_greedy,
     write_results,
 )
 from specjax import analysis
@@ -62,7 +59,6 @@ def routed_fraction(config: specjax_models.TransformerConfig) -> float:
 
 
 def decode_rows(args) -> list[dict]:
-    import torch
 
     from benchmarks.hf_reference import to_transformers
 
@@ -72,26 +68,9 @@ def decode_rows(args) -> list[dict]:
     rows = []
     for batch in args.batches:
         prompts = rng.integers(0, MOE.vocab_size, (batch, args.prompt_len)).astype(np.int32)
-        ours = lambda prompts=prompts: block(specjax.generate(
-            lm, prompts, max_new_tokens=args.new_tokens, sampling=specjax.GREEDY).tokens)
-        input_ids = torch.from_numpy(prompts.astype(np.int64))
-        theirs = lambda input_ids=input_ids: transformers_greedy(hf, input_ids,
-                                                                 args.new_tokens, pad_id=0)
-        compile_s = timed(ours)
-        theirs()
-        identical = bool(np.array_equal(np.asarray(ours()), theirs().numpy()))
-        ours_t, theirs_t = [], []
-        for _ in range(args.reps):
-            ours_t.append(timed(ours))
-            theirs_t.append(timed(theirs))
-        made = batch * args.new_tokens
-        row = {"batch": batch, "specjax_tokens_per_s": made / median(ours_t),
-               "transformers_tokens_per_s": made / median(theirs_t),
-               "specjax_times_s": ours_t, "transformers_times_s": theirs_t,
-               "first_call_s": compile_s, "identical_tokens": identical}
-        row["ratio"] = row["specjax_tokens_per_s"] / row["transformers_tokens_per_s"]
-        print(f"decode batch {batch}: ratio {row['ratio']:.2f}, identical {identical}",
-              flush=True)
+        row = greedy_against_transformers(lm, hf, prompts, args.new_tokens, args.reps)
+        print(f"decode batch {batch}: ratio {row['ratio']:.2f}, identical "
+              f"{row['identical_tokens']}", flush=True)
         rows.append(row)
     return rows
 
@@ -164,7 +143,8 @@ def markdown(payload: dict) -> str:
         for r in payload["decode"]:
             lines.append(f"| {r['batch']} | {r['specjax_tokens_per_s']:.0f} | "
                          f"{r['transformers_tokens_per_s']:.0f} | {r['ratio']:.2f} | "
-                         f"{r['identical_tokens']} | {r['first_call_s']:.1f} |")
+                         f"{r['identical_tokens']} | "
+                         f"{r['specjax_first_call_s_incl_compile']:.1f} |")
         lines.append("")
     if payload["verify"]:
         moe = {r["tokens"]: r for r in payload["verify"] if r["model"] == "moe"}

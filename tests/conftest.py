@@ -51,6 +51,7 @@ if "SPECJAX_MODEL_CACHE" not in os.environ:
     os.environ["SPECJAX_MODEL_CACHE"] = tempfile.mkdtemp(prefix="specjax-test-models-")
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
@@ -255,6 +256,20 @@ def run_cli(*args, timeout: float = 240, input: str | None = None, env=None):
     """`python -m specjax.cli ARGS` in a subprocess, its output captured as text."""
     return subprocess.run([sys.executable, "-m", "specjax.cli", *args], capture_output=True,
                           text=True, timeout=timeout, input=input, env=env)
+
+
+@jax.jit
+def causal_head_forward(head, windows_BW, features_BWD):
+    """A feature head's outputs `[B, W, D]` from one causal forward over whole windows of
+    (token, feature) pairs, no cache: the reference the parallel heads' cached windows are
+    checked against (tests/test_parallel_eagle.py, tests/test_parallel_heads.py)."""
+    from specjax.drafters.feature_head import head_block, head_inputs
+
+    positions_BW = jnp.broadcast_to(jnp.arange(windows_BW.shape[1], dtype=jnp.int32),
+                                    windows_BW.shape)
+    inputs = head_inputs(head.params, head.config, head.embedding, windows_BW, features_BWD,
+                         positions_BW)
+    return head_block(head.params, head.config, inputs, positions_BW, None)[0]
 
 
 @functools.cache

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_trees_follow_offsets
+from conftest import assert_trees_follow_offsets, causal_head_forward
 
 import specjax
 import specjax_models
@@ -21,7 +21,6 @@ from specjax.drafters import (
     ParallelEagle,
     eagle3_feature_layers,
 )
-from specjax.drafters.feature_head import head_block, head_inputs
 
 MASK = 31
 PROMPTS = [[1, 2, 3, 4, 1, 2], [7, 7], [30, 2, 5, 9, 11, 3, 8]]
@@ -41,15 +40,6 @@ def parallel_head(target, method: str = "sample") -> ParallelEagle:
     return ParallelEagle(head.with_params({**head.params, "mask_hidden": mask_hidden}))
 
 
-@jax.jit
-def _causal_windows(head, windows_BW, features_BWD):
-    positions_BW = jnp.broadcast_to(jnp.arange(windows_BW.shape[1], dtype=jnp.int32),
-                                    windows_BW.shape)
-    inputs = head_inputs(head.params, head.config, head.embedding, windows_BW, features_BWD,
-                         positions_BW)
-    return head_block(head.params, head.config, inputs, positions_BW, None)[0]
-
-
 def reference_outputs(drafter: ParallelEagle, sequence_BS: np.ndarray, lengths_B: np.ndarray,
                       fused_BSD: np.ndarray, offsets: int) -> np.ndarray:
     """`[B, offsets, D]`: each row's head outputs at its last committed pair and each of
@@ -67,7 +57,8 @@ def reference_outputs(drafter: ParallelEagle, sequence_BS: np.ndarray, lengths_B
             [MASK] * (offsets - 1)
         features[b, 1:length] = fused_BSD[b, :length - 1]
         features[b, length:length + offsets - 1] = mask_hidden
-    out_BWD = np.asarray(_causal_windows(head, jnp.asarray(windows), jnp.asarray(features)))
+    out_BWD = np.asarray(causal_head_forward(head, jnp.asarray(windows),
+                                             jnp.asarray(features)))
     return np.stack([out_BWD[b, length - 1:length - 1 + offsets]
                      for b, length in enumerate(lengths_B)])
 

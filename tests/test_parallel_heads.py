@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import causal_head_forward
 
 import specjax_models
 from specjax.drafters import Eagle, FeatureHeadConfig, ParallelEagle, eagle3_feature_layers
-from specjax.drafters.feature_head import head_block, head_inputs
 from specjax.training import (
     ParallelTrainConfig,
     TrainConfig,
@@ -44,15 +44,6 @@ def make_head(target, kind: str = "eagle3", mask_id: int | None = MASK,
     return head
 
 
-@jax.jit
-def _causal_windows(head: Eagle, windows_SW, features_SWD):
-    positions_SW = jnp.broadcast_to(jnp.arange(windows_SW.shape[1], dtype=jnp.int32),
-                                    windows_SW.shape)
-    inputs = head_inputs(head.params, head.config, head.embedding, windows_SW, features_SWD,
-                         positions_SW)
-    return head_block(head.params, head.config, inputs, positions_SW, None)[0]
-
-
 def inference_outputs(head: Eagle, tokens: np.ndarray, fused_TD: np.ndarray,
                       reals: list[int], placeholders: list[int]) -> np.ndarray:
     """`[S, D]`: the head's output after `reals[s]` teacher pairs and `placeholders[s]`
@@ -70,8 +61,8 @@ def inference_outputs(head: Eagle, tokens: np.ndarray, fused_TD: np.ndarray,
                                         np.zeros((pad, fused_TD.shape[1]), fused_TD.dtype)]))
         windows.append(list(tokens[:real]) + [MASK] * count + [0] * pad)
         last.append(real + count - 1)
-    out_SWD = _causal_windows(head, jnp.asarray(windows, jnp.int32),
-                              jnp.asarray(np.stack(features)))
+    out_SWD = causal_head_forward(head, jnp.asarray(windows, jnp.int32),
+                                  jnp.asarray(np.stack(features)))
     return np.asarray(out_SWD)[np.arange(len(last)), last]
 
 
