@@ -139,10 +139,11 @@ def test_moe_experts_touched_is_the_uniform_routings_mean():
     k distinct experts, independent across tokens."""
     rng = np.random.default_rng(0)
     for tokens, k, experts in [(1, 2, 8), (5, 2, 8), (9, 8, 64), (33, 8, 64)]:
-        picks = np.argsort(rng.random((20_000, tokens, experts)), axis=-1)[..., :k]
-        touched = np.array([len(np.unique(row)) for row in picks.reshape(20_000, -1)])
+        picks = np.argsort(rng.random((4_000, tokens, experts)), axis=-1)[..., :k]
+        chosen = np.zeros((4_000, experts), bool)
+        np.put_along_axis(chosen, picks.reshape(4_000, -1), True, axis=1)
         np.testing.assert_allclose(analysis.moe_experts_touched(tokens, k, experts),
-                                   touched.mean(), rtol=0.01)
+                                   chosen.sum(1).mean(), rtol=0.02)
     assert analysis.moe_experts_touched(1, 2, 8) == pytest.approx(2.0)
     np.testing.assert_allclose(analysis.moe_verify_cost_ratio([1, 2, 1000], 2, 8, 0.6),
                                [1.0, 0.4 + 0.6 * 3.5 / 2, 0.4 + 0.6 * 4.0], rtol=1e-6)
