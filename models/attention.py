@@ -78,9 +78,9 @@ class Attention(nnx.Module):
         if cfg.qk_norm and cfg.qk_norm_scope == "head":
             q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
         if cfg.position_embedding == "rope":
-            inv_freq, scale = rotary_inverse_frequencies(cfg), rotary_scale(cfg.rope_scaling)
-            q_BTNH = apply_rotary(q_BTNH, positions_BT, inv_freq, scale)
-            k_BTKH = apply_rotary(k_BTKH, positions_BT, inv_freq, scale)
+            inv_freq, rotate = rotary_inverse_frequencies(cfg), rotary_scale(cfg.rope_scaling)
+            q_BTNH = apply_rotary(q_BTNH, positions_BT, inv_freq, rotate)
+            k_BTKH = apply_rotary(k_BTKH, positions_BT, inv_freq, rotate)
 
         k_BKTH = k_BTKH.transpose(0, 2, 1, 3)
         v_BKTH = v_BTKH.transpose(0, 2, 1, 3)

@@ -131,6 +131,12 @@ class MoE(nnx.Module):
         else:
             out_NKD = _grouped_experts(x_ND, experts_NK, kernels, self.activation,
                                        cfg.compute_dtype)
+        return self.combine(x_ND, weights_NK, out_NKD).reshape(batch, num_new, d_model)
+
+    def combine(self, x_ND: Array, weights_NK: Array, out_NKD: Array) -> Array:
+        """`[N, D]` in the compute dtype: the routed outputs weighted by the router (in
+        float32), plus the shared experts' (sigmoid-gated for Qwen2-MoE)."""
+        cfg = self.config
         out_ND = jnp.einsum("NK,NKD->ND", weights_NK, out_NKD.astype(jnp.float32))
         if cfg.shared_d_ff:
             shared_ND = self.shared(x_ND).astype(jnp.float32)
@@ -138,7 +144,7 @@ class MoE(nnx.Module):
                 shared_ND = jax.nn.sigmoid(self.shared_gate(x_ND).astype(jnp.float32)) \
                     * shared_ND
             out_ND = out_ND + shared_ND
-        return out_ND.astype(cfg.compute_dtype).reshape(batch, num_new, d_model)
+        return out_ND.astype(cfg.compute_dtype)
 
     def route(self, x_ND: Array) -> tuple[Array, Array]:
         """`(weights f32[N, k], experts int32[N, k])` of tokens `x [N, D]` (see `route`)."""
@@ -190,10 +196,4 @@ def dense_reference(moe: MoE, x_BTD: Array) -> Array:
                             moe.down_kernel[...], moe.activation, cfg.compute_dtype,
                             "ND,EDF->NEF|NEF,EFD->NED")
     routed_NKD = jnp.take_along_axis(every_NED, experts_NK[:, :, None], axis=1)
-    out_ND = jnp.einsum("NK,NKD->ND", weights_NK, routed_NKD.astype(jnp.float32))
-    if cfg.shared_d_ff:
-        shared_ND = moe.shared(x_ND).astype(jnp.float32)
-        if cfg.shared_expert_gate:
-            shared_ND = jax.nn.sigmoid(moe.shared_gate(x_ND).astype(jnp.float32)) * shared_ND
-        out_ND = out_ND + shared_ND
-    return out_ND.astype(cfg.compute_dtype).reshape(x_BTD.shape)
+    return moe.combine(x_ND, weights_NK, routed_NKD).reshape(x_BTD.shape)
