@@ -1,5 +1,5 @@
-"""Hugging Face checkpoints: load Llama, Mistral, Qwen2/Qwen3, Gemma 1/2, GPT-2 and the
-mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE into
+"""Hugging Face checkpoints: load Llama, Mistral, Qwen2/Qwen3, Gemma 1/2, GPT-2, the
+mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE, and DeepSeek-V2/V3 into
 `specjax_models.Transformer`, export our models back, and load their tokenizers (the
 config translation is `specjax_models.hf_config`).
 
@@ -125,11 +125,18 @@ def _weight_map(config: TransformerConfig, hf_names: set[str],
     return mapping
 
 
-def _to_ours(array: np.ndarray, transform) -> np.ndarray:
+def _to_ours(read, hf_names: tuple[str, ...], transform) -> np.ndarray:
+    """Our parameter from its HF tensors (`read(name)` reads one), by `_weight_map`'s
+    transform."""
+    if transform == "experts" or transform[0] == "fused_experts":
+        return experts_to_ours([read(name) for name in hf_names], transform)
+    array = read(hf_names[0])
     if transform == "T":
         return array.T
     if transform == "id":
         return array
+    if transform[0] in ("rope_columns", "rope_bias"):
+        return rope_columns_to_ours(array, transform)
     _, index, parts = transform
     width = array.shape[-1] // parts
     return array[..., index * width:(index + 1) * width]
@@ -230,13 +237,7 @@ def _convert_pretrained(path: Path, hf_config: dict, file_of: dict, dtype, scan_
                     return other.get_tensor(hf_name)
 
             for name, hf_names, transform in items:
-                if isinstance(transform, str) and transform in ("T", "id") or \
-                        transform[0] == "part":
-                    array = _to_ours(read(hf_names[0]), transform)
-                elif transform[0] in ("rope_columns", "rope_bias"):
-                    array = rope_columns_to_ours(read(hf_names[0]), transform)
-                else:  # a stack of experts
-                    array = experts_to_ours([read(n) for n in hf_names], transform)
+                array = _to_ours(read, hf_names, transform)
                 try:
                     filler.set(name, array)
                 except ValueError as error:

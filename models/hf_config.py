@@ -3,8 +3,7 @@ their fields (rope scaling, sliding windows, experts) translate, both ways."""
 
 from __future__ import annotations
 
-import math
-
+from specjax.rope import yarn_mscale
 from specjax_models.config import TransformerConfig, dtype_name
 from specjax_models.hf_deepseek import DEEPSEEK_MODEL_TYPES, deepseek_fields
 from specjax_models.hf_moe import MOE_MODEL_TYPES, moe_config_to_hf, moe_fields, moe_model_type
@@ -47,11 +46,6 @@ def rope_from_hf(hf: dict) -> tuple[float, tuple | None]:
                        float(attention_factor), bool(spec.get("truncate", True)))
     raise ValueError(f"rope scaling type {kind!r} is not supported (supported: default, "
                      "llama3, linear, yarn)")
-
-
-def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    """YaRN's 0.1 mscale ln(factor) + 1 (1 when the factor does not stretch)."""
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def _rope_number(spec: dict, name: str) -> float:

@@ -14,16 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from specjax.rope import yarn_mscale
 from specjax_models.config import TransformerConfig
+from specjax_models.hf_moe import config_int
 
 DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
-
-
-def _field(hf: dict, name: str, default=None):
-    value = hf.get(name, default)
-    if value is None or isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"the config's {name} is {value!r}, expected an int >= 0")
-    return value
 
 
 def deepseek_fields(hf: dict) -> dict:
@@ -31,13 +26,13 @@ def deepseek_fields(hf: dict) -> dict:
     latent attention, experts and the router's rule."""
     model_type = hf["model_type"]
     heads = hf["num_attention_heads"]
-    nope, rope = _field(hf, "qk_nope_head_dim"), _field(hf, "qk_rope_head_dim")
+    nope, rope = config_int(hf, "qk_nope_head_dim"), config_int(hf, "qk_rope_head_dim")
     fields = dict(num_kv_heads=heads, head_dim=rope, query_scale=_softmax_scale(hf, nope + rope),
-                  kv_lora_rank=_field(hf, "kv_lora_rank"),
-                  q_lora_rank=_field(hf, "q_lora_rank", 0) if hf.get("q_lora_rank") else 0,
+                  kv_lora_rank=config_int(hf, "kv_lora_rank"),
+                  q_lora_rank=config_int(hf, "q_lora_rank", default=0),
                   qk_nope_head_dim=nope, qk_rope_head_dim=rope,
-                  v_head_dim=_field(hf, "v_head_dim"))
-    experts = _field(hf, "n_routed_experts", 0) if hf.get("n_routed_experts") else 0
+                  v_head_dim=config_int(hf, "v_head_dim"))
+    experts = config_int(hf, "n_routed_experts", default=0)
     if not experts:
         return fields
     if hf.get("moe_layer_freq", 1) != 1:
@@ -51,14 +46,14 @@ def deepseek_fields(hf: dict) -> dict:
                          "group_limited_greedy, noaux_tc)")
     grouped = method != "greedy"
     shared = hf.get("n_shared_experts") or 0
-    expert_d_ff = _field(hf, "moe_intermediate_size")
+    expert_d_ff = config_int(hf, "moe_intermediate_size")
     return fields | dict(
-        num_experts=experts, experts_per_token=_field(hf, "num_experts_per_tok"),
+        num_experts=experts, experts_per_token=config_int(hf, "num_experts_per_tok"),
         expert_d_ff=expert_d_ff, dense_layers=tuple(range(
-            min(_field(hf, "first_k_dense_replace", 0), hf["num_hidden_layers"]))),
+            min(config_int(hf, "first_k_dense_replace", default=0), hf["num_hidden_layers"]))),
         router_scoring=scoring, router_bias=method == "noaux_tc",
-        router_groups=_field(hf, "n_group", 1) if grouped else 1,
-        router_topk_groups=_field(hf, "topk_group", 1) if grouped else 1,
+        router_groups=config_int(hf, "n_group", default=1) if grouped else 1,
+        router_topk_groups=config_int(hf, "topk_group", default=1) if grouped else 1,
         router_group_score="top2_sum" if method == "noaux_tc" else "max",
         router_normalize=bool(hf.get("norm_topk_prob", False)),
         routed_scaling=float(hf.get("routed_scaling_factor", 1.0)),
@@ -68,8 +63,6 @@ def deepseek_fields(hf: dict) -> dict:
 def _softmax_scale(hf: dict, key_dim: int) -> float:
     """key_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 when the rope is
     stretched (DeepSeek scales every dimension's scores, not only the rotary ones)."""
-    from specjax_models.hf_config import yarn_mscale
-
     spec = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     scale = key_dim ** -0.5
     if spec.get("rope_type", spec.get("type", "default")) not in ("default", None) \

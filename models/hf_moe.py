@@ -22,7 +22,9 @@ _ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCaus
                   "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 
 
-def _int_field(hf: dict, *names: str, default=None) -> int:
+def config_int(hf: dict, *names: str, default=None) -> int:
+    """The first of `names` the config sets (not null), as an int >= 0; `default` when
+    none is set (None: a ValueError naming them)."""
     for name in names:
         value = hf.get(name)
         if value is not None:
@@ -39,17 +41,17 @@ def moe_fields(hf: dict) -> dict:
     MOE_MODEL_TYPES): the experts, the router's rule and which layers stay dense."""
     model_type = hf["model_type"]
     num_layers = hf["num_hidden_layers"]
-    experts = _int_field(hf, "num_local_experts" if model_type == "mixtral" else "num_experts",
+    experts = config_int(hf, "num_local_experts" if model_type == "mixtral" else "num_experts",
                          "num_local_experts", "num_experts")
     fields = dict(num_experts=experts,
-                  experts_per_token=_int_field(hf, "num_experts_per_tok"))
+                  experts_per_token=config_int(hf, "num_experts_per_tok"))
     if model_type == "mixtral":
         return fields | dict(router_normalize=True)
     fields["router_normalize"] = bool(hf.get("norm_topk_prob", False))
     if model_type == "olmoe":
         return fields
-    fields["expert_d_ff"] = _int_field(hf, "moe_intermediate_size")
-    step = _int_field(hf, "decoder_sparse_step", default=1)
+    fields["expert_d_ff"] = config_int(hf, "moe_intermediate_size")
+    step = config_int(hf, "decoder_sparse_step", default=1)
     if step < 1:
         raise ValueError(f"the config's decoder_sparse_step is {step}, expected >= 1")
     only_mlp = hf.get("mlp_only_layers") or []
@@ -60,7 +62,7 @@ def moe_fields(hf: dict) -> dict:
     fields["dense_layers"] = tuple(i for i in range(num_layers)
                                    if i in only_mlp or (i + 1) % step)
     if model_type == "qwen2_moe":
-        fields.update(shared_d_ff=_int_field(hf, "shared_expert_intermediate_size"),
+        fields.update(shared_d_ff=config_int(hf, "shared_expert_intermediate_size"),
                       shared_expert_gate=True)
     return fields
 
@@ -118,10 +120,11 @@ def moe_config_to_hf(config: TransformerConfig, family: str, hf: dict) -> dict:
 
 def expert_weight_map(config: TransformerConfig, layer: int, hf_names: set[str]) -> dict:
     """Our flat names of layer `layer`'s MoE parameters -> (HF tensor name or names,
-    transform), in the layout `hf_names` holds (per expert, or fused)."""
+    transform), in the layout `hf_names` holds (per expert, or fused); with no names (an
+    export), in the layout of the family `config` is."""
     ours, theirs = f"layers.{layer}.mlp.", f"model.layers.{layer}."
-    mixtral = any(".block_sparse_moe." in name for name in hf_names) or (
-        not hf_names and config.shared_d_ff == 0 and not config.qk_norm)
+    mixtral = any(".block_sparse_moe." in name for name in hf_names) if hf_names \
+        else moe_model_type(config) == "mixtral"
     block = theirs + ("block_sparse_moe." if mixtral else "mlp.")
     mapping = {ours + "router.kernel": (block + "gate.weight", "T")}
     fused = block + "experts.gate_up_proj"

@@ -30,6 +30,12 @@ def check_rope_scaling(rope_scaling) -> None:
                          f"beta_slow, attention_factor, truncate), got {rope_scaling!r}")
 
 
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's 0.1 mscale ln(factor) + 1 (1 when the factor does not stretch): the default
+    attention factor, and DeepSeek's score scale with its mscale_all_dim."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
 def rotary_scale(rope_scaling) -> float:
     """The factor on cos and sin: YaRN's attention_factor, else 1."""
     return float(rope_scaling[5]) if rope_scaling is not None and rope_scaling[0] == "yarn" \
