@@ -47,14 +47,17 @@ def build(config: specjax_models.TransformerConfig, seed: int = 0):
     return model, specjax.CausalLM.from_nnx(model)
 
 
+def count_params(config: specjax_models.TransformerConfig) -> int:
+    """Parameters of a model of `config`, from its shapes (nothing allocated)."""
+    return specjax_models.count_params(specjax_models.transformer.abstract_transformer(config))
+
+
 def routed_fraction(config: specjax_models.TransformerConfig) -> float:
     """f of analysis.moe_verify_cost_ratio for a model of `config` (bytes of parameters a
     one-token forward reads, the LM head included)."""
     moe_layers = config.num_layers - len(config.dense_layers)
     per_expert = 3 * config.d_model * config.resolved_expert_d_ff * moe_layers
-    total = specjax_models.count_params(
-        specjax_models.transformer.abstract_transformer(config))
-    others = total - config.num_experts * per_expert
+    others = count_params(config) - config.num_experts * per_expert
     return analysis.moe_routed_fraction(others, per_expert, config.experts_per_token)
 
 
@@ -188,8 +191,7 @@ def main():
     parser.add_argument("--skip-decode", action="store_true")
     args = parser.parse_args()
     payload = {"benchmark": "moe", "machine": machine_record(), "command": command_line(),
-               "moe_params": specjax_models.count_params(build(MOE)[0]),
-               "dense_params": specjax_models.count_params(build(DENSE)[0]),
+               "moe_params": count_params(MOE), "dense_params": count_params(DENSE),
                "decode": [], "verify": [], "cache": cache_rows()}
     payload["verify"] = verify_rows(args)
     if not args.skip_decode:
