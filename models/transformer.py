@@ -8,8 +8,10 @@ attends to the cached slots below each row's length plus the new tokens allowed 
 of cache slots, so token trees need no change here.
 
 The parts live by concern: `config` (TransformerConfig), `attention`, `feed_forward` (the
-dense MLP and the mixture of experts), `norms`, `cache` (KVCache) and `params` (loading
-by name); their public names are re-exported here.
+dense MLP and the mixture of experts), `latent_attention`, `norms`, `cache` (KVCache)
+and `params` (loading by name); the names loaders and tests take from here
+(TransformerConfig, KVCache, ParamFiller, per_layer_params, dtype_name,
+READ_BEFORE_WRITE_MAX_TOKENS) are re-exported.
 """
 
 from __future__ import annotations
@@ -24,24 +26,13 @@ import numpy as np
 from flax import nnx
 from jax import Array
 
-from specjax_models.attention import (  # noqa: F401  (re-exported)
-    READ_BEFORE_WRITE_MAX_TOKENS,
-    Attention,
-    rotary_inverse_frequencies,
-    softcap,
-)
+from specjax_models.attention import READ_BEFORE_WRITE_MAX_TOKENS, Attention, softcap  # noqa: F401
 from specjax_models.cache import KVCache, write_rows
-from specjax_models.config import ACTIVATIONS, TransformerConfig, dtype_name  # noqa: F401
+from specjax_models.config import TransformerConfig, dtype_name  # noqa: F401  (re-exported)
 from specjax_models.feed_forward import MLP, MoE
 from specjax_models.latent_attention import LatentAttention
-from specjax_models.norms import LayerNorm, RMSNorm, make_norm  # noqa: F401
-from specjax_models.params import (  # noqa: F401  (re-exported)
-    ParamFiller,
-    flat_name,
-    is_stacked,
-    on_device,
-    per_layer_params,
-)
+from specjax_models.norms import make_norm
+from specjax_models.params import ParamFiller, per_layer_params  # noqa: F401  (re-exported)
 
 
 class Block(nnx.Module):
