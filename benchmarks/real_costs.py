@@ -66,7 +66,7 @@ def main() -> None:
     @jax.jit
     def head_forward(drafter, token, feature, keys, values):
         position = jnp.full((1, 1), CONTEXT, jnp.int32)
-        out, _, _ = drafter._block(token, feature, position, keys, values, position[:, 0])
+        out, _ = drafter._block(token, feature, position, (keys, values), position[:, 0])
         return drafter._logits(out)
 
     ms = median_ms(head_forward, (head, jnp.ones((1, 1), jnp.int32),

@@ -100,32 +100,42 @@ def _weight_map(config: TransformerConfig, hf_names: set[str],
     mapping["final_norm.weight"] = ("model.norm.weight", "id")
     if not config.tie_embeddings:
         mapping["lm_head.kernel"] = ("lm_head.weight", "T")
+    for i in range(config.num_layers):
+        mapping.update(layer_weight_map(config, i, hf_names, hf_config))
+    return mapping
+
+
+def layer_weight_map(config: TransformerConfig, layer: int, hf_names: set[str],
+                     hf_config: dict | None = None) -> dict[str, tuple]:
+    """`_weight_map`'s entries of decoder layer `layer` (`layers.{layer}.*` ->
+    `model.layers.{layer}.*`) of a Llama-layout family; `layer` may lie past the model's
+    layers (DeepSeek's MTP block, `specjax_models.mtp`)."""
     norms = {"input_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm"}
     if config.sandwich_norm:
         norms = {"input_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
                  "post_attention_norm": "pre_feedforward_layernorm",
                  "mlp_out_norm": "post_feedforward_layernorm"}
-    for i in range(config.num_layers):
-        h, o = f"model.layers.{i}.", f"layers.{i}."
-        for ours, theirs in norms.items():
-            mapping[o + ours + ".weight"] = (h + theirs + ".weight", "id")
-        if config.kv_lora_rank:
-            mapping.update(attention_weight_map(config, i, interleaved_rope(hf_config or {})))
-        for name in () if config.kv_lora_rank else ("q_proj", "k_proj", "v_proj", "o_proj"):
-            mapping[o + f"attention.{name}.kernel"] = (h + f"self_attn.{name}.weight", "T")
-            mapping[o + f"attention.{name}.bias"] = (h + f"self_attn.{name}.bias", "id")
-        for name in ("q_norm", "k_norm"):
-            mapping[o + f"attention.{name}.weight"] = (h + f"self_attn.{name}.weight", "id")
-        if config.layer_is_moe(i):
-            mapping.update(expert_weight_map(config, i, hf_names))
-            continue
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            mapping[o + f"mlp.{name}.kernel"] = (h + f"mlp.{name}.weight", "T")
-            mapping[o + f"mlp.{name}.bias"] = (h + f"mlp.{name}.bias", "id")
+    mapping = {}
+    h, o = f"model.layers.{layer}.", f"layers.{layer}."
+    for ours, theirs in norms.items():
+        mapping[o + ours + ".weight"] = (h + theirs + ".weight", "id")
+    if config.kv_lora_rank:
+        mapping.update(attention_weight_map(config, layer, interleaved_rope(hf_config or {})))
+    for name in () if config.kv_lora_rank else ("q_proj", "k_proj", "v_proj", "o_proj"):
+        mapping[o + f"attention.{name}.kernel"] = (h + f"self_attn.{name}.weight", "T")
+        mapping[o + f"attention.{name}.bias"] = (h + f"self_attn.{name}.bias", "id")
+    for name in ("q_norm", "k_norm"):
+        mapping[o + f"attention.{name}.weight"] = (h + f"self_attn.{name}.weight", "id")
+    if config.layer_is_moe(layer):
+        mapping.update(expert_weight_map(config, layer, hf_names))
+        return mapping
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        mapping[o + f"mlp.{name}.kernel"] = (h + f"mlp.{name}.weight", "T")
+        mapping[o + f"mlp.{name}.bias"] = (h + f"mlp.{name}.bias", "id")
     return mapping
 
 
-def _to_ours(read, hf_names: tuple[str, ...], transform) -> np.ndarray:
+def to_ours(read, hf_names: tuple[str, ...], transform) -> np.ndarray:
     """Our parameter from its HF tensors (`read(name)` reads one), by `_weight_map`'s
     transform."""
     if transform == "experts" or transform[0] == "fused_experts":
@@ -144,12 +154,26 @@ def _to_ours(read, hf_names: tuple[str, ...], transform) -> np.ndarray:
 
 # ---------------------------------------------------------------- loading
 
+def has_mtp_module(path: Path) -> bool:
+    """Does the checkpoint in `path` carry an MTP module: MiMo's `model.mtp_layers.*`, or
+    the `model.layers.{num_hidden_layers}.*` its config.json declares
+    (`num_nextn_predict_layers`, DeepSeek-V3)?"""
+    names = checkpoint_files(path)
+    hf_config = read_json(path / "config.json", "download it again") \
+        if (path / "config.json").exists() else {}
+    prefixes = [MTP_PREFIX]
+    if hf_config.get("num_nextn_predict_layers") and \
+            isinstance(hf_config.get("num_hidden_layers"), int):
+        prefixes.append(f"model.layers.{hf_config['num_hidden_layers']}.")
+    return any(name.startswith(tuple(prefixes)) for name in names)
+
+
 def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False, *,
                     cache: bool | None = None, mtp: bool = False, mesh=None, rules=None):
     """Load a local Hugging Face checkpoint directory as a `specjax.CausalLM`; with
     `mtp=True`, `(target, drafter)`: the target and the multi-token-prediction module its
-    checkpoint carries (MiMo's `model.mtp_layers`, read by
-    `specjax_models.load_drafter`).
+    checkpoint carries (MiMo's `model.mtp_layers`, DeepSeek-V3's `model.layers.{L}`, read
+    by `specjax_models.load_drafter`; see `specjax_models.mtp`).
 
     Args:
       path: a directory with config.json and model.safetensors (or sharded safetensors
@@ -173,9 +197,10 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False, *,
     if mtp:  # refused before the target is read, not after
         from specjax_models.published_drafters import load_drafter
 
-        if not any(name.startswith(MTP_PREFIX) for name in checkpoint_files(Path(path))):
+        if not has_mtp_module(Path(path)):
             raise ValueError(f"{path} carries no multi-token-prediction module "
-                             f"({MTP_PREFIX}* tensors); load it without mtp=True")
+                             f"({MTP_PREFIX}* tensors, or DeepSeek's model.layers."
+                             "{num_hidden_layers}.*); load it without mtp=True")
         target = from_pretrained(path, dtype, scan_layers, cache=cache, mesh=mesh,
                                  rules=rules)
         return target, load_drafter(path, target)
@@ -237,7 +262,7 @@ def _convert_pretrained(path: Path, hf_config: dict, file_of: dict, dtype, scan_
                     return other.get_tensor(hf_name)
 
             for name, hf_names, transform in items:
-                array = _to_ours(read, hf_names, transform)
+                array = to_ours(read, hf_names, transform)
                 try:
                     filler.set(name, array)
                 except ValueError as error:

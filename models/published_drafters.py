@@ -24,7 +24,11 @@ every projection is transposed. Weights come from safetensors (single, sharded, 
 installed (`weights_only=True`), else refused with the one-line conversion. A key this
 loader has no place for, a missing one, or a shape that does not fit is an error naming
 the file and the key. What is not supported (multi-layer EAGLE-3 drafters, Qwen3 layers
-with q/k norms, DeepSeek-V3's MLA/MoE MTP module, ...) is refused by name.
+with q/k norms, the MTP modules of families other than MiMo and DeepSeek, ...) is
+refused by name.
+- MiMo's MTP module (`model.mtp_layers.0.*` in the target's checkpoint) and DeepSeek-V3's
+  (`model.layers.{num_hidden_layers}.*`: latent attention and experts,
+  `specjax_models.mtp`).
 """
 
 from __future__ import annotations
@@ -38,10 +42,12 @@ import specjax
 from specjax.drafters import Eagle, FeatureHeadConfig, Medusa, eagle3_feature_layers
 from specjax.files import read_json
 from specjax_models.hf import MTP_PREFIX, rope_from_hf
+from specjax_models.hf_deepseek import DEEPSEEK_MODEL_TYPES
+from specjax_models.mtp import load_deepseek_mtp
 from specjax_models.safetensors_layout import check_safetensors
 from specjax_models.transformer import embedding_and_head
 
-LAYOUTS = ("eagle3", "eagle3-speculators", "eagle1", "medusa1", "mimo-mtp")
+LAYOUTS = ("eagle3", "eagle3-speculators", "eagle1", "medusa1", "mimo-mtp", "deepseek-mtp")
 REMEDY = "download the drafter again"
 _BIN_NAMES = ("pytorch_model.bin", "medusa_lm_head.pt", "model.pt")
 
@@ -103,6 +109,12 @@ class _Weights:
 
     def has(self, name: str) -> bool:
         return name in self.names
+
+    def read_raw(self, name: str) -> np.ndarray:
+        """The tensor as the file holds it (numpy, no cast), marked used."""
+        array = self._read(name)
+        self.used.add(name)
+        return array
 
     def _read(self, name: str) -> np.ndarray:
         if self.arrays is not None:
@@ -168,10 +180,11 @@ def detect_layout(config: dict, names: set[str], directory: Path) -> str:
     if "fc.weight" in names and any(n.startswith("layers.0.") for n in names):
         return "eagle1"
     if config.get("num_nextn_predict_layers"):
+        if config.get("model_type") in DEEPSEEK_MODEL_TYPES:
+            return "deepseek-mtp"  # its module's tensors are checked as they are read
         raise ValueError(f"{directory}: a {config.get('model_type')!r} target's multi-token "
-                         "prediction module is not supported: DeepSeek-V3's is a block of "
-                         "multi-head latent attention (MLA, not built yet) and experts; "
-                         "load_drafter reads MiMo's")
+                         "prediction module is not supported; load_drafter reads MiMo's and "
+                         f"DeepSeek-V3's ({', '.join(DEEPSEEK_MODEL_TYPES)})")
     raise ValueError(f"{directory}: not a drafter layout this loader knows (EAGLE-3 in the "
                      "authors' or the speculators layout, EAGLE-1/2, Medusa-1); its tensors "
                      f"start {sorted(names)[:4]}")
@@ -182,7 +195,8 @@ def load_drafter(directory: str | Path, target: specjax.CausalLM, *,
     """The published drafter in `directory` (a local snapshot: config.json and its weights),
     on `target` (the model it was trained for, e.g. from `from_pretrained`).
 
-    Returns a `specjax.drafters.Eagle` (EAGLE-1/2/3, MiMo's MTP module) or `Medusa`
+    Returns a `specjax.drafters.Eagle` (EAGLE-1/2/3, MiMo's or DeepSeek-V3's MTP module)
+    or `Medusa`
     (Medusa-1). method: the drafter's draw ("sample" or "greedy"; default "sample" for
     EAGLE and MTP, "greedy" for Medusa, as the papers do). feature_layers: the target
     layers an EAGLE-3 head fuses, when neither its config nor the default (2, L // 2,
@@ -210,6 +224,8 @@ def load_drafter(directory: str | Path, target: specjax.CausalLM, *,
         return _medusa(weights, embedding.shape, method or "greedy")
     if layout == "mimo-mtp":
         return _mimo_mtp(config, weights, target, embedding, target_head(), method or "sample")
+    if layout == "deepseek-mtp":
+        return load_deepseek_mtp(config, weights, embedding, target_head(), method or "sample")
     return _eagle(layout, config, weights, target, embedding, target_head, method or "sample",
                   feature_layers)
 

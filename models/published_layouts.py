@@ -164,3 +164,62 @@ def write_synthetic_drafter(directory: str | Path, layout: str, shape: Synthetic
               str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(config, indent=1))
     return directory
+
+
+def add_deepseek_mtp_module(directory: str | Path, *, seed: int = 0, scale: float = 0.02,
+                            own_copies: bool = True) -> Path:
+    """Add a random first MTP module to the DeepSeek-V3-layout checkpoint in `directory`
+    (config.json and safetensors, as transformers or DeepSeek write them): the tensors
+    `model.layers.{L}.*` (L = num_hidden_layers) of the published checkpoints (DeepSeek-V3's
+    model.safetensors.index.json; vLLM deepseek_mtp.py reads them): enorm, hnorm, eh_proj
+    [D, 2D], shared_head.norm, with `own_copies` embed_tokens and shared_head.head (the
+    module's copies of the target's, here random like the rest), and a decoder layer with
+    the names and shapes of the checkpoint's last layer (latent attention and experts).
+    Sets num_nextn_predict_layers = 1. Weights N(0, scale), norms near 1, a routing
+    correction bias N(0, 0.3). Returns `directory`."""
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    directory = Path(directory)
+    config = json.loads((directory / "config.json").read_text())
+    layers, d, v = config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]
+    index_path = directory / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else None
+    files = sorted(set(index["weight_map"].values())) if index else ["model.safetensors"]
+    template = f"model.layers.{layers - 1}."
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name in files:
+        with safe_open(directory / name, framework="numpy") as handle:
+            for key in handle.keys():
+                if not key.startswith(template):
+                    continue
+                like = handle.get_tensor(key)
+                new = f"model.layers.{layers}." + key[len(template):]
+                if key.endswith("norm.weight"):
+                    value = 1.0 + 0.1 * rng.standard_normal(like.shape)
+                elif key.endswith("e_score_correction_bias"):
+                    value = 0.3 * rng.standard_normal(like.shape)
+                else:
+                    value = scale * rng.standard_normal(like.shape)
+                tensors[new] = value.astype(like.dtype)
+    if not tensors:
+        raise ValueError(f"{directory}: no {template}* tensors to take the block's layout from")
+    dtype = next(iter(tensors.values())).dtype
+    prefix = f"model.layers.{layers}."
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        tensors[f"{prefix}{name}.weight"] = (1.0 + 0.1 * rng.standard_normal(d)).astype(dtype)
+    tensors[prefix + "eh_proj.weight"] = (scale * rng.standard_normal((d, 2 * d))).astype(dtype)
+    if own_copies:
+        for name in ("embed_tokens.weight", "shared_head.head.weight"):
+            tensors[prefix + name] = (scale * rng.standard_normal((v, d))).astype(dtype)
+    if index is None:
+        save_file({**load_file(str(directory / "model.safetensors")), **tensors},
+                  str(directory / "model.safetensors"), metadata={"format": "pt"})
+    else:  # a shard of its own, named in the index
+        save_file(tensors, str(directory / "model-mtp.safetensors"), metadata={"format": "pt"})
+        index["weight_map"].update({name: "model-mtp.safetensors" for name in tensors})
+        index_path.write_text(json.dumps(index, indent=1))
+    config["num_nextn_predict_layers"] = 1
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    return directory

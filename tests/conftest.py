@@ -74,6 +74,16 @@ def tiny_config(**overrides) -> specjax_models.TransformerConfig:
     return specjax_models.TransformerConfig(**fields)
 
 
+# DeepSeek-V3's router and latent attention at test size (8 experts, top 2 of 4 groups
+# limited to 2, a shared expert, a dense first layer): the registry's MTP block and a
+# target architecture (tests/test_exactness.py, tests/test_mtp.py).
+LATENT_ATTENTION_AND_EXPERTS = dict(
+    num_experts=8, experts_per_token=2, expert_d_ff=16, dense_layers=(0,),
+    router_scoring="sigmoid", router_bias=True, router_groups=4, router_topk_groups=2,
+    router_group_score="top2_sum", router_normalize=True, shared_d_ff=16,
+    kv_lora_rank=8, q_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4)
+
+
 def build_lm(seed: int = 0, **overrides) -> specjax.CausalLM:
     return specjax.CausalLM.from_nnx(specjax_models.Transformer(tiny_config(**overrides),
                                                         rngs=nnx.Rngs(seed)))

@@ -99,8 +99,8 @@ def test_chain_drafts_follow_the_head_run_step_by_step(tiny_lm):
         token = jnp.argmax(logits, axis=-1)
         np.testing.assert_array_equal(np.asarray(proposal.tokens[:, depth]), np.asarray(token))
         position = lengths + depth
-        out, keys, values = drafter._block(token[:, None], hidden[:, None], position[:, None],
-                                           keys, values, position)
+        out, (keys, values) = drafter._block(token[:, None], hidden[:, None],
+                                             position[:, None], (keys, values), position)
         hidden = out[:, 0]
     np.testing.assert_array_equal(np.asarray(proposal.q.argmax(-1)),
                                   np.asarray(proposal.tokens))

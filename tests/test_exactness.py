@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import LATENT_ATTENTION_AND_EXPERTS
 
 import specjax
 import specjax_models
@@ -154,6 +155,26 @@ def published(layout: str, method: str | None = None):
         directory = write_synthetic_drafter(tempfile.mkdtemp(prefix="published-"), layout,
                                             shape, seed=9, scale=0.3)
         return specjax_models.load_drafter(directory, target, method=method)
+
+    return make
+
+
+def deepseek_mtp(method: str = "sample"):
+    """DeepSeek-V3's MTP module (`specjax_models.mtp`): a random decoder block of latent
+    attention and experts (the module's block, layer index 1, past the dense layer 0) on
+    the target's width, embedding and LM head, its input projection sharpened as
+    `eagle`'s; the first pair kept out of its latent cache, the first embedding zeroed."""
+    from conftest import tiny_config
+
+    from specjax_models.mtp import random_mtp_drafter
+
+    def make(draft, target):
+        embedding, lm_head = specjax_models.embedding_and_head(target)
+        vocab, d_model = (int(n) for n in embedding.shape)
+        config = tiny_config(vocab_size=vocab, d_model=d_model, num_layers=1, num_heads=2,
+                             num_kv_heads=2, d_ff=2 * d_model, **LATENT_ATTENTION_AND_EXPERTS)
+        return random_mtp_drafter(config, embedding, lm_head, jax.random.key(8), method,
+                                  scale=0.5)
 
     return make
 
@@ -351,6 +372,13 @@ ENTRIES = {
                                             slow_greedy=True, slow_stats=True),
     "published mimo mtp, chain, sampled": Entry(published("mimo-mtp"), slow_greedy=True,
                                                 slow_stats=True),
+    # DeepSeek-V3's MTP module: the model's own block (latent attention, experts) with its
+    # latent cache, recursive for K > 1 (chains), level by level (trees).
+    "deepseek mtp, chain, sampled": Entry(deepseek_mtp(), slow_stats=True),
+    "deepseek mtp, static tree, sampled": Entry(deepseek_mtp(), None, STATIC_TREE,
+                                                slow_greedy=True, slow_stats=True),
+    "deepseek mtp, dynamic tree, top-k": Entry(deepseek_mtp(), None, DYNAMIC_TREE,
+                                               slow_greedy=True, slow_stats=True),
 }
 SAMPLINGS = {"t1": SamplingConfig(temperature=1.0),
              "t0.7-topk4": SamplingConfig(temperature=0.7, top_k=4),
@@ -454,11 +482,7 @@ def test_the_suite_fails_a_drafter_that_misreports_its_tree(micro_lm, micro_draf
 NEW_ARCHITECTURES = {
     "mixture of experts": dict(num_experts=8, experts_per_token=2, expert_d_ff=16,
                                dense_layers=(0,)),
-    "latent attention and experts": dict(
-        num_experts=8, experts_per_token=2, expert_d_ff=16, dense_layers=(0,),
-        router_scoring="sigmoid", router_bias=True, router_groups=4, router_topk_groups=2,
-        router_group_score="top2_sum", router_normalize=True, shared_d_ff=16,
-        kv_lora_rank=8, q_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4),
+    "latent attention and experts": LATENT_ATTENTION_AND_EXPERTS,
 }
 
 

@@ -69,16 +69,16 @@ def test_training_time_test_matches_drafting_step_by_step(tiny_lm, kind, tmp_pat
     for committed in (2, 5):  # the prefix ends at position `committed`
         keys, values = jnp.zeros((2, 32, 2, 16)), jnp.zeros((2, 32, 2, 16))
         positions = jnp.broadcast_to(jnp.arange(committed + 1), (2, committed + 1))
-        out, keys, values = head._block(tokens[:, :committed + 1], prev[:, :committed + 1],
-                                        positions, keys, values, jnp.zeros(2, jnp.int32))
+        out, (keys, values) = head._block(tokens[:, :committed + 1], prev[:, :committed + 1],
+                                          positions, (keys, values), jnp.zeros(2, jnp.int32))
         np.testing.assert_allclose(np.asarray(out), np.asarray(outputs[0][:, :committed + 1]),
                                    rtol=2e-4, atol=2e-5)
         hidden = out[:, -1]
         for step in (1, 2):
             position = jnp.full((2,), committed + step, jnp.int32)
-            out, keys, values = head._block(tokens[:, committed + step][:, None],
-                                            hidden[:, None], position[:, None], keys, values,
-                                            position)
+            out, (keys, values) = head._block(tokens[:, committed + step][:, None],
+                                              hidden[:, None], position[:, None],
+                                              (keys, values), position)
             hidden = out[:, 0]
             np.testing.assert_allclose(np.asarray(hidden),
                                        np.asarray(outputs[step][:, committed + step]),

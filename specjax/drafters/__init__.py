@@ -15,13 +15,14 @@ from specjax.drafters.feature_head import FeatureHeadConfig
 from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.lookahead import Lookahead, LookaheadState
 from specjax.drafters.medusa import Medusa, MedusaState
+from specjax.drafters.model_block import ModelBlock
 from specjax.drafters.parallel_draft import ParallelDraft, ParallelDraftState
 from specjax.drafters.parallel_eagle import ParallelEagle, ParallelEagleState
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.retrieval import Retrieval
 
 __all__ = ["AdaptiveLength", "AdaptiveLengthState", "Commit", "DraftContext", "DraftModel",
-           "DraftModelState", "Drafter", "Eagle", "EagleState", "EarlyExit",
-           "EarlyExitState", "FeatureHeadConfig", "LayerSkip", "Lookahead", "LookaheadState",
-           "Medusa", "MedusaState", "ParallelDraft", "ParallelDraftState", "ParallelEagle",
+           "DraftModelState", "Drafter", "Eagle", "EagleState", "EarlyExit", "EarlyExitState",
+           "FeatureHeadConfig", "LayerSkip", "Lookahead", "LookaheadState", "Medusa",
+           "MedusaState", "ModelBlock", "ParallelDraft", "ParallelDraftState", "ParallelEagle",
            "ParallelEagleState", "PromptLookup", "Proposal", "Retrieval", "eagle3_feature_layers"]

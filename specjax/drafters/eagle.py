@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +69,7 @@ from specjax.drafters.head_files import (
     restrict_lm_head,
     save_head,
 )
+from specjax.drafters.model_block import ModelBlock
 from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
 from specjax.files import damaged
 from specjax.sampling import (
@@ -87,14 +88,24 @@ HEAD_SCRATCH_SLOTS = 64
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class EagleState:
-    """keys / values: the head's cache [B, S, H_kv, hd]; cache_lengths int32 [B]: pairs
+    """cache: the head's KV cache, `(keys, values)` each [B, S, H_kv, hd] for specjax's own
+    block, or the model block's cache (`Eagle.block`); cache_lengths int32 [B]: pairs
     committed in it (the committed length); root_hidden float32 [B, D]: the head's output
     at the last committed token."""
 
-    keys: Array
-    values: Array
+    cache: Any
     cache_lengths: Array
     root_hidden: Array
+
+    @property
+    def keys(self) -> Array:
+        """The own block's keys [B, S, H_kv, hd]."""
+        return self.cache[0]
+
+    @property
+    def values(self) -> Array:
+        """The own block's values [B, S, H_kv, hd]."""
+        return self.cache[1]
 
 
 def accepted_feature_index(commit: Commit) -> Array:
@@ -125,6 +136,12 @@ class Eagle:
       sampled or top-k children likewise, dynamic trees always top-k.
     min_confidence: chains only: offer only the leading drafts the head is confident in,
       by `DraftModel`'s rule (`confident_drafts`); None (default) offers all K.
+    block: None (the head's own block, from `params`), or a `ModelBlock`: the block is
+      the model's code (DeepSeek-V3's MTP module: latent attention and experts;
+      `specjax_models.load_drafter`). `params` then holds only the MTP input and output
+      (embed_norm, feature_norm, proj, final_norm) of a kind "mtp" head. With
+      `config.first_pair=False` the slot-0 pair never enters the block's cache (its slot
+      s holds head slot s + 1), which hides it from every later position.
     """
 
     params: dict
@@ -134,6 +151,7 @@ class Eagle:
     method: str = dataclasses.field(default="sample", metadata={"static": True})
     draft_vocab: Array | None = None
     min_confidence: float | None = dataclasses.field(default=None, metadata={"static": True})
+    block: ModelBlock | None = None
 
     reads_target_features: ClassVar[bool] = True
     drafts_trees: ClassVar[bool] = True
@@ -151,6 +169,16 @@ class Eagle:
             if shape is not None and (len(shape) != 2 or shape[1] != self.config.d_model):
                 raise ValueError(f"{name} must be [vocab, d_model={self.config.d_model}], got "
                                  f"{tuple(shape)}")
+        if self.block is not None:
+            if not isinstance(self.block, ModelBlock):
+                raise TypeError(f"block must be a specjax.drafters.ModelBlock (or None), got "
+                                f"{type(self.block).__name__}")
+            if self.config.kind != "mtp" or self.config.norm_output:
+                raise ValueError("a model block serves an MTP head (kind 'mtp', no "
+                                 f"norm_output), got kind {self.config.kind!r}")
+            if self.block.d_model != self.config.d_model:
+                raise ValueError(f"the model block is {self.block.d_model} wide but the head "
+                                 f"is {self.config.d_model} wide")
 
     @classmethod
     def create(cls, config: FeatureHeadConfig, embedding: Array, lm_head: Array, key: Array,
@@ -182,7 +210,12 @@ class Eagle:
         """Write `head.json` (kind, config) and `head.npz` (float32 parameters, and the draft
         vocabulary if any); the target's embedding and LM head are not saved (the head is
         loaded onto its target), the head's own ones are (`config.own_lm_head`,
-        `own_embedding`: a published EAGLE-3 head's LM head)."""
+        `own_embedding`: a published EAGLE-3 head's LM head). A head whose block is model
+        code (`block`) is refused: it loads from its checkpoint."""
+        if self.block is not None:
+            raise ValueError("this MTP head's block is model code (DeepSeek's MTP module): "
+                             "it is not saved as a head file; load it again from its "
+                             "checkpoint with specjax_models.load_drafter")
         extra = {} if self.draft_vocab is None else {DRAFT_VOCAB_KEY: self.draft_vocab}
         if self.config.own_lm_head:
             extra[OWN_LM_HEAD_KEY] = self.lm_head
@@ -255,13 +288,30 @@ class Eagle:
     def _features(self, hidden: Array) -> Array:
         return fuse_features(self.params, self.config, hidden)
 
-    def _block(self, tokens_BT, features_BTD, positions_BT, keys, values, cache_lengths_B,
+    @property
+    def _block_slot_offset(self) -> int:
+        """Head slot minus block cache slot: 1 where a model block hides the first pair by
+        never storing it (`first_pair=False`), else 0."""
+        return 0 if self.block is None or self.config.first_pair else 1
+
+    def _init_cache(self, batch: int, slots: int):
+        if self.block is None:
+            return init_head_cache(self.config, batch, slots)
+        return self.block.init_cache(batch, slots)
+
+    def _block(self, tokens_BT, features_BTD, positions_BT, cache, cache_lengths_B,
                new_mask_BTT=None):
+        """`(out float32 [B, T, D], cache)` for the pairs at head slots `cache_lengths[b] + t`
+        (`cache=None`: the T pairs alone)."""
         inputs = head_inputs(self.params, self.config, self.embedding, tokens_BT, features_BTD,
                              positions_BT)
-        out_BTD, (keys, values) = head_block(self.params, self.config, inputs, positions_BT,
-                                             (keys, values), cache_lengths_B, new_mask_BTT)
-        return out_BTD, keys, values
+        if self.block is None:
+            return head_block(self.params, self.config, inputs, positions_BT, cache,
+                              cache_lengths_B, new_mask_BTT)
+        starts_B = None if cache is None else cache_lengths_B - self._block_slot_offset
+        out_BTD, cache = self.block.apply(inputs[0], positions_BT, cache, starts_B,
+                                          new_mask_BTT)
+        return out_BTD.astype(jnp.float32), cache
 
     def _logits(self, out: Array) -> Array:
         """Float32 logits over the target's vocabulary (-inf outside a draft vocabulary)."""
@@ -276,13 +326,24 @@ class Eagle:
         fused_BPD = self._features(features)
         previous_BPD = jnp.concatenate([jnp.zeros_like(fused_BPD[:, :1]), fused_BPD[:, :-1]],
                                        axis=1)
-        keys, values = init_head_cache(self.config, batch, capacity + HEAD_SCRATCH_SLOTS)
+        cache = self._init_cache(batch, capacity + HEAD_SCRATCH_SLOTS)
         positions_BP = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-        out_BPD, keys, values = self._block(prompt_tokens_BP, previous_BPD, positions_BP, keys,
-                                            values, jnp.zeros((batch,), jnp.int32))
+        if self._block_slot_offset == 0:
+            out_BPD, cache = self._block(prompt_tokens_BP, previous_BPD, positions_BP, cache,
+                                         jnp.zeros((batch,), jnp.int32))
+        else:
+            # The slot-0 pair stays out of the block's cache: its output (the root of a
+            # one-token prompt) from a forward of its own, the others written from slot 0.
+            out_BPD, _ = self._block(prompt_tokens_BP[:, :1], previous_BPD[:, :1],
+                                     positions_BP[:, :1], None, None)
+            if width > 1:
+                rest_BPD, cache = self._block(prompt_tokens_BP[:, 1:], previous_BPD[:, 1:],
+                                              positions_BP[:, 1:], cache,
+                                              jnp.ones((batch,), jnp.int32))
+                out_BPD = jnp.concatenate([out_BPD, rest_BPD], axis=1)
         root_BD = jnp.take_along_axis(out_BPD, (prompt_lengths_B - 1)[:, None, None],
                                       axis=1)[:, 0]
-        return EagleState(keys, values, prompt_lengths_B.astype(jnp.int32), root_BD)
+        return EagleState(cache, prompt_lengths_B.astype(jnp.int32), root_BD)
 
     def commit(self, state: EagleState, commit: Commit) -> EagleState:
         """One head forward over this step's committed tokens (pairs at positions
@@ -295,13 +356,12 @@ class Eagle:
         positions_BW = old_B[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
         tokens_BW = jnp.take_along_axis(
             commit.sequence, jnp.minimum(positions_BW, commit.sequence.shape[1] - 1), axis=1)
-        out_BWD, keys, values = self._block(tokens_BW, features_BWD, positions_BW, state.keys,
-                                            state.values, old_B)
+        out_BWD, cache = self._block(tokens_BW, features_BWD, positions_BW, state.cache, old_B)
         count_B = new_B - old_B
         last_BD = jnp.take_along_axis(out_BWD, jnp.maximum(count_B - 1, 0)[:, None, None],
                                       axis=1)[:, 0]
         root_BD = jnp.where((count_B > 0)[:, None], last_BD, state.root_hidden)
-        return EagleState(keys, values, new_B.astype(jnp.int32), root_BD)
+        return EagleState(cache, new_B.astype(jnp.int32), root_BD)
 
     def _draw(self, key, logits_BV, sampling):
         return draw_with_q(key, logits_BV, sampling, deterministic=self.method == "greedy")
@@ -323,19 +383,18 @@ class Eagle:
         token_B, q_BV = self._draw(step_keys[0], root_logits_BV, sampling)
 
         def draft_one(carry, step_key):
-            keys, values, token_B, feature_BD, position_B = carry
-            out_B1D, keys, values = self._block(token_B[:, None], feature_BD[:, None],
-                                                position_B[:, None], keys, values, position_B)
+            cache, token_B, feature_BD, position_B = carry
+            out_B1D, cache = self._block(token_B[:, None], feature_BD[:, None],
+                                         position_B[:, None], cache, position_B)
             logits_BV = self._logits(out_B1D[:, 0])
             next_B, q_BV = self._draw(step_key, logits_BV, sampling)
             confidence = () if self.min_confidence is None else (
                 token_confidence(logits_BV, next_B),)
-            return (keys, values, next_B, out_B1D[:, 0], position_B + 1), (next_B, q_BV,
-                                                                          *confidence)
+            return (cache, next_B, out_B1D[:, 0], position_B + 1), (next_B, q_BV, *confidence)
 
         lengths_B = state.cache_lengths
-        (keys, values, _, _, _), (rest_KB, rest_q_KBV, *rest_confidence) = draft_chain(
-            draft_one, (state.keys, state.values, token_B, state.root_hidden, lengths_B),
+        (cache, _, _, _), (rest_KB, rest_q_KBV, *rest_confidence) = draft_chain(
+            draft_one, (state.cache, token_B, state.root_hidden, lengths_B),
             step_keys[1:], None if draft_budget is None else draft_budget - 1)
         tokens_BK = jnp.concatenate([token_B[:, None], rest_KB.T], axis=1)
         q_BKV = jnp.concatenate([q_BV[:, None], jnp.transpose(rest_q_KBV, (1, 0, 2))], axis=1)
@@ -345,7 +404,7 @@ class Eagle:
                 [token_confidence(root_logits_BV, token_B)[:, None],
                  jnp.swapaxes(rest_confidence[0], 0, 1)], axis=1)
             num_real_B = confident_drafts(confidence_BK, self.min_confidence)
-        return (dataclasses.replace(state, keys=keys, values=values),
+        return (dataclasses.replace(state, cache=cache),
                 Proposal(tokens=tokens_BK, q=q_BKV, num_real=num_real_B))
 
     def _propose_tree(self, state: EagleState, key: Array, tree: TreeShape,
@@ -379,21 +438,20 @@ class Eagle:
         node_mask_NN = ancestor_mask(tree.parents_array(1))[0, 1:, 1:]
         positions_BN = (lengths_B - 1)[:, None] + jnp.asarray(depths, jnp.int32)[None]
         outputs_BND = jnp.zeros((batch, num_nodes) + root_BD.shape[1:], jnp.float32)
-        keys, values = state.keys, state.values
+        cache = state.cache
         for level in range(1, tree.max_depth):  # static
             width = 1 + max(i for i, d in enumerate(depths) if d <= level)
             features_BWD = jnp.concatenate([root_BD[:, None], outputs_BND], axis=1)[
                 :, parents_N[:width] + 1]
             mask_BTT = jnp.broadcast_to(node_mask_NN[:width, :width], (batch, width, width))
-            out_BWD, keys, values = self._block(tokens_BN[:, :width], features_BWD,
-                                                positions_BN[:, :width], keys, values,
-                                                lengths_B, mask_BTT)
+            out_BWD, cache = self._block(tokens_BN[:, :width], features_BWD,
+                                         positions_BN[:, :width], cache, lengths_B, mask_BTT)
             outputs_BND = outputs_BND.at[:, :width].set(out_BWD)
             for node in range(width):
                 if depths[node] == level:
                     tokens_BN, q_BNV, never_BN = add_children(
                         node, self._logits(out_BWD[:, node]), tokens_BN, q_BNV, never_BN)
-        return (dataclasses.replace(state, keys=keys, values=values),
+        return (dataclasses.replace(state, cache=cache),
                 Proposal(tokens=tokens_BN, q=q_BNV, never_accept=never_BN))
 
     def _propose_dynamic_tree(self, state: EagleState, tree: DynamicTree,
@@ -410,22 +468,22 @@ class Eagle:
         lengths_B, root_BD = state.cache_lengths, state.root_hidden
 
         def expand(carry, nodes: ExpandedNodes):
-            keys, values, outputs_BFD = carry
+            cache, outputs_BFD = carry
             known_BFD = jnp.concatenate([root_BD[:, None], outputs_BFD], axis=1)
             features_BFD = jnp.take_along_axis(known_BFD, (nodes.parents + 1)[:, :, None],
                                                axis=1)
             mask_BFF = ancestor_mask(nodes.parents)[:, 1:, 1:]
             positions_BF = (lengths_B - 1)[:, None] + nodes.depths
-            out_BFD, keys, values = self._block(nodes.tokens, features_BFD, positions_BF, keys,
-                                                values, lengths_B, mask_BFF)
+            out_BFD, cache = self._block(nodes.tokens, features_BFD, positions_BF, cache,
+                                         lengths_B, mask_BFF)
             frontier_BkV = self._logits(out_BFD[:, -tree.top_k:])
-            return (keys, values, out_BFD), tree_scores(frontier_BkV, sampling)
+            return (cache, out_BFD), tree_scores(frontier_BkV, sampling)
 
         empty_B0D = jnp.zeros((root_BD.shape[0], 0, root_BD.shape[1]), jnp.float32)
-        (keys, values, _), tokens_BN, parents_BN = grow_dynamic_tree(
+        (cache, _), tokens_BN, parents_BN = grow_dynamic_tree(
             tree, tree_scores(self._logits(root_BD), sampling), expand,
-            (state.keys, state.values, empty_B0D))
-        return (dataclasses.replace(state, keys=keys, values=values),
+            (state.cache, empty_B0D))
+        return (dataclasses.replace(state, cache=cache),
                 Proposal(tokens=tokens_BN, q=None, parents=parents_BN))
 
 

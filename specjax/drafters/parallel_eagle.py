@@ -144,8 +144,8 @@ class ParallelEagle:
         keys, values = init_head_cache(self.config, batch,
                                        capacity + 2 * pending_width + HEAD_SCRATCH_SLOTS)
         positions_BP = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-        _, keys, values = self.head._block(prompt_tokens_BP, previous_BPD, positions_BP, keys,
-                                           values, jnp.zeros((batch,), jnp.int32))
+        _, (keys, values) = self.head._block(prompt_tokens_BP, previous_BPD, positions_BP,
+                                             (keys, values), jnp.zeros((batch,), jnp.int32))
         last_BD = jnp.take_along_axis(previous_BPD, (prompt_lengths_B - 1)[:, None, None],
                                       axis=1)[:, 0]
         pending_BPD = jnp.zeros((batch, pending_width, self.config.d_model),
@@ -172,8 +172,8 @@ class ParallelEagle:
         pending_BWD = jnp.pad(state.pending, ((0, 0), (0, offsets - 1), (0, 0)))
         features_BWD = jnp.where(is_pair_BW[..., None], pending_BWD,
                                  self.head.params["mask_hidden"].astype(jnp.float32))
-        out_BWD, keys, values = self.head._block(tokens_BW, features_BWD, positions_BW,
-                                                 state.keys, state.values, settled_B)
+        out_BWD, (keys, values) = self.head._block(tokens_BW, features_BWD, positions_BW,
+                                                   (state.keys, state.values), settled_B)
         wanted_BK = (count_B - 1)[:, None] + jnp.arange(offsets, dtype=jnp.int32)[None]
         out_BKD = jnp.take_along_axis(out_BWD, wanted_BK[..., None], axis=1)
         last_BD = jnp.take_along_axis(state.pending, (count_B - 1)[:, None, None],

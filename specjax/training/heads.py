@@ -251,6 +251,11 @@ def head_terms(drafter, target: CausalLM, tokens_BT, config: HeadTrainConfig):
     if drafter.config.kind != expected:
         raise ValueError(f"method {config.method!r} trains a head of kind {expected!r}, but "
                          f"this head is {drafter.config.kind!r}")
+    if drafter.block is not None:
+        raise ValueError("this MTP head's block is model code (DeepSeek's MTP module, "
+                         "Eagle.block): train_head trains specjax's own heads; fine-tune "
+                         "the checkpoint where it was trained, or train a kind 'mtp' head "
+                         "(FeatureHeadConfig) here")
     return _eagle_terms(drafter, target, tokens_BT, config)
 
 
