@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from conftest import LATENT_ATTENTION_AND_EXPERTS, build_lm, tiny_config
+from flax import nnx
 from test_eagle import head_state_from_scratch, run_steps
 
 import specjax

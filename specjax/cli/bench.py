@@ -40,7 +40,7 @@ METHODS = {
     "p-eagle": ("a P-EAGLE head: every draft of a step from one head forward (dir=HEAD; "
                 "the bundled target's ships)", "p-eagle"),
     "published": ("a published drafter directory (dir=DIR: EAGLE-1/2/3, Medusa-1, MiMo "
-                  "MTP, read by specjax_models.load_drafter)", "published"),
+                  "or DeepSeek-V3 MTP, read by specjax_models.load_drafter)", "published"),
 }
 # Setting -> help. Values hold no commas (lists use "/").
 SETTINGS = {

@@ -40,8 +40,8 @@ def register(sub) -> None:
                          "must have a chat template)")
     ch.add_argument("--drafter-dir", default=None, metavar="DIR",
                     help="a published drafter for that model (specjax_models.load_drafter: "
-                         "EAGLE-3, EAGLE-1/2, Medusa-1, or the --hf directory for MiMo's MTP "
-                         "module)")
+                         "EAGLE-3, EAGLE-1/2, Medusa-1, or the --hf directory for MiMo's or "
+                         "DeepSeek-V3's MTP module)")
     ch.add_argument("--draft", default=None,
                     help="a draft sharing SmolLM2's tokenizer: a checkpoint, or a layer "
                          "draft from `specjax train-drafter --model smollm2 --method draft` "

@@ -108,7 +108,8 @@ def register(sub) -> None:
     gen.add_argument("--drafter-dir", default=None, metavar="DIR",
                      help="a published drafter for that target, read by "
                           "specjax_models.load_drafter: EAGLE-3 (the authors' or the "
-                          "speculators layout), EAGLE-1/2 or Medusa-1 heads")
+                          "speculators layout), EAGLE-1/2 or Medusa-1 heads, or the --hf "
+                          "directory itself for MiMo's or DeepSeek-V3's MTP module")
     gen.add_argument("--head", default=None,
                      help="a feature head trained by `specjax train-drafter` for --drafter "
                           "medusa/eagle/eagle3/mtp/kangaroo/p-eagle (default: the bundled "
