@@ -222,8 +222,9 @@ def reference_mtp(w, layer, hf_config, embedding, lm_head, hidden_TD, ids_T):
     length = hidden_TD.shape[0]
     emb = embedding[ids_T].clone()
     emb[0] = 0
-    x = torch.cat([norm(emb, w[prefix + "enorm.weight"]),
-                   norm(hidden_TD, w[prefix + "hnorm.weight"])], -1) @ w[prefix + "eh_proj.weight"].T
+    joined = torch.cat([norm(emb, w[prefix + "enorm.weight"]),
+                        norm(hidden_TD, w[prefix + "hnorm.weight"])], -1)
+    x = joined @ w[prefix + "eh_proj.weight"].T
     positions = torch.arange(length)[None]
     cos, sin = rotary(x[None], positions)
     mask = torch.full((length, length), float("-inf"), dtype=torch.float64).triu(1)[None, None]
