@@ -297,6 +297,28 @@ def smollm2_or_skip() -> None:
         pytest.skip(str(error))
 
 
+def tiny_deepseek_model(directory: Path) -> Path:
+    """A DeepSeek-V3 checkpoint of random weights written by transformers (latent
+    attention, a dense first layer then 8 experts, YaRN) with its MTP module added in the
+    published layout: what a download of DeepSeek-V3 holds, at test size."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from specjax_models.published_layouts import add_deepseek_mtp_module
+
+    if (directory / "config.json").exists():
+        return directory
+    torch.manual_seed(0)
+    config = DeepseekV3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16, q_lora_rank=24,
+        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, moe_intermediate_size=16,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4,
+        topk_group=2, first_k_dense_replace=1, max_position_embeddings=512)
+    DeepseekV3ForCausalLM(config).save_pretrained(directory)
+    return add_deepseek_mtp_module(directory, seed=1, scale=0.2)
+
+
 def tiny_hub_model(directory: Path, num_layers: int) -> Path:
     """A Qwen2 checkpoint of random weights in Hugging Face's layout, with a word-level
     tokenizer whose chat template is ChatML (what a download of a Qwen2.5 model holds)."""

@@ -24,7 +24,11 @@ import pytest
 
 import specjax
 import specjax_models
-from tests.conftest import release_compiled_programs_if_maps_run_low, tiny_hub_model
+from tests.conftest import (
+    release_compiled_programs_if_maps_run_low,
+    tiny_deepseek_model,
+    tiny_hub_model,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -110,12 +114,15 @@ def test_every_command_line_in_the_docs_parses(path, capsys):
 def small_hub(monkeypatch, tmp_path_factory):
     """`huggingface_hub.snapshot_download` answering from tiny local models: "...-0.5B..."
     a one-layer draft, "...EAGLE3..." a published-layout EAGLE-3 head for the target,
-    anything else a two-layer target of the same vocabulary."""
+    "...DeepSeek..." a DeepSeek-V3 checkpoint with its MTP module, anything else a
+    two-layer target of the same vocabulary."""
     hub = pytest.importorskip("huggingface_hub")
     root = tmp_path_factory.getbasetemp() / "small_hub"
 
     def snapshot_download(repo_id: str, **_) -> str:
         directory = root / repo_id.replace("/", "--")
+        if "DeepSeek" in repo_id:  # DeepSeek-V3's layout, with its MTP module
+            return str(tiny_deepseek_model(directory))
         if "EAGLE3" in repo_id:  # a published EAGLE-3 head for the two-layer target
             from specjax_models.published_layouts import (
                 SyntheticShape,
