@@ -12,6 +12,11 @@ from pathlib import Path
 # and fusions emitted by XLA's older loop emitters instead of its MLIR fusion emitters
 # (`xla_cpu_use_fusion_emitters=false`: about half the compile time of a decoder, 2.0 s ->
 # 1.1 s for the exactness suite's chain decoder, with the same tokens and p-values).
+# Two more fit a run whose xdist workers already take every core: LLVM code generation in
+# one piece (`parallel_codegen_split_count=1`: splitting a module for threads the other
+# worker holds costs more than it saves, 81 -> 74 s of backend compile in the exactness
+# module) and matmuls on the calling thread (`multi_thread_eigen=false`); together about
+# 6% of the suite's time.
 # Set before jax starts its backend; subprocesses (xdist's workers, the command line's runs)
 # inherit them. XLA aborts on a flag it does not know, so a jaxlib that has dropped one is
 # asked first, once, by the process that starts the run.
@@ -25,7 +30,9 @@ def _xla_knows(flag: str) -> bool:
 
 
 _FAST_COMPILE_FLAGS = [flag for flag in ("--xla_backend_optimization_level=0",
-                                          "--xla_cpu_use_fusion_emitters=false")
+                                          "--xla_cpu_use_fusion_emitters=false",
+                                          "--xla_cpu_parallel_codegen_split_count=1",
+                                          "--xla_cpu_multi_thread_eigen=false")
                        if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]
 if _FAST_COMPILE_FLAGS and not os.environ.get("PYTEST_XDIST_WORKER"):
     if not _xla_knows(" ".join(_FAST_COMPILE_FLAGS)):

@@ -1,6 +1,6 @@
 """specjax_models.feed_forward: the mixture-of-experts layer. Its router against a numpy
-transcription of each published rule, its two dispatches against every expert on every
-token, and the refusals of configurations it cannot compute."""
+transcription of each published rule, its dispatches (tiled, gathered, grouped) against
+every expert on every token, and the refusals of configurations it cannot compute."""
 
 import dataclasses
 
@@ -11,7 +11,14 @@ import pytest
 from flax import nnx
 
 from specjax_models.config import TransformerConfig
-from specjax_models.feed_forward import MLP, MoE, dense_reference, route
+from specjax_models.feed_forward import (
+    MLP,
+    MoE,
+    dense_reference,
+    expert_tile,
+    route,
+    routed_experts,
+)
 
 BASE = dict(vocab_size=40, num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
             max_seq_len=64)
@@ -87,9 +94,9 @@ def test_the_router_follows_each_published_rule(rule):
         assert (np.sort(plain_e, -1) != np.sort(want_e, -1)).any()
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 40])  # 2 and 6 pairs < 8 experts: gathered
+@pytest.mark.parametrize("tokens", [1, 3, 40])  # 2 and 6 pairs < 8 experts, then 80
 @pytest.mark.parametrize("shared", [False, True])
-def test_both_dispatches_equal_every_expert_on_every_token(tokens, shared):
+def test_the_layer_equals_every_expert_on_every_token(tokens, shared):
     extra = dict(shared_d_ff=16, shared_expert_gate=True) if shared else {}
     config = moe_config(**extra)
     moe = MoE(config, rngs=nnx.Rngs(3))
@@ -105,6 +112,64 @@ def test_both_dispatches_equal_every_expert_on_every_token(tokens, shared):
     moved = run(state, changed)
     np.testing.assert_allclose(np.asarray(moved)[1], np.asarray(out)[1], atol=1e-6)
     np.testing.assert_allclose(np.asarray(moved)[0, 1:], np.asarray(out)[0, 1:], atol=1e-6)
+
+
+def _routed_reference(x, experts, kernels):
+    """`[N, k, D]` pair by pair in numpy float64: token n through expert experts[n, j]."""
+    gate, up, down = (np.asarray(kernel, np.float64) for kernel in kernels)
+    x = np.asarray(x, np.float64)
+    out = np.zeros(experts.shape + (x.shape[1],))
+    for n, j in np.ndindex(*experts.shape):
+        e = experts[n, j]
+        h = x[n] @ gate[e]
+        out[n, j] = (h / (1 + np.exp(-h)) * (x[n] @ up[e])) @ down[e]
+    return out
+
+
+@pytest.mark.parametrize("dispatch", ["tiled", "gathered", "grouped"])
+@pytest.mark.parametrize("routing", ["spread", "one expert", "two experts"])
+def test_each_dispatch_computes_every_pair_with_its_own_expert(dispatch, routing):
+    """Each dispatch by name (the layer picks one per platform) against the pairs computed
+    one by one, with routings that fill tiles unevenly: 37 tokens spread over 8 experts,
+    all on one expert (one run of 74 pairs: several tiles), and on two."""
+    rng = np.random.default_rng(0)
+    tokens, k, d_model, d_ff, num_experts = 37, 2, 16, 8, 8
+    kernels = [jnp.asarray(rng.normal(0, 0.3, shape), jnp.float32) for shape in
+               ((num_experts, d_model, d_ff),) * 2 + ((num_experts, d_ff, d_model),)]
+    x = jnp.asarray(rng.normal(size=(tokens, d_model)), jnp.float32)
+    experts = {"spread": rng.integers(0, num_experts, (tokens, k)),
+               "one expert": np.full((tokens, k), 5),
+               "two experts": np.stack([np.full(tokens, 7), np.full(tokens, 2)], 1)}[routing]
+    run = jax.jit(lambda x, e, ks: routed_experts(x, e, ks, jax.nn.silu, jnp.float32,
+                                                  dispatch))
+    out = run(x, jnp.asarray(experts, jnp.int32), kernels)
+    np.testing.assert_allclose(np.asarray(out), _routed_reference(x, experts, kernels),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_the_tiled_dispatch_is_differentiable_like_the_dense_reference():
+    """Its loop has a static length (the iterations past the tiles skipped): reverse-mode
+    gradients flow through it, and equal the dense reference's."""
+    moe = MoE(moe_config(), rngs=nnx.Rngs(5))
+    graphdef, state = nnx.split(moe)
+    x = jax.random.normal(jax.random.key(2), (1, 9, 32))
+
+    def loss(state, forward):
+        return jnp.sum(jnp.sin(forward(nnx.merge(graphdef, state), x)))
+
+    got = jax.grad(loss)(state, lambda m, x: m(x))
+    want = jax.grad(loss)(state, dense_reference)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
+
+
+def test_a_tile_is_a_power_of_two_near_one_and_a_half_mean_loads():
+    assert [expert_tile(pairs, 16) for pairs in (2, 8, 16, 66, 512)] == [1, 1, 2, 8, 64]
+    assert expert_tile(3, 2) == 3  # never more than the pairs
+    assert expert_tile(1 << 20, 8) == 512
+    with pytest.raises(ValueError, match="dispatch must be one of"):
+        routed_experts(jnp.zeros((1, 4)), jnp.zeros((1, 1), jnp.int32),
+                       [jnp.zeros((2, 4, 4))] * 3, jax.nn.silu, jnp.float32, "sorted")
 
 
 def test_a_routed_expert_is_what_the_output_depends_on():
