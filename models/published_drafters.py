@@ -44,120 +44,10 @@ from specjax.files import read_json
 from specjax_models.hf import MTP_PREFIX, rope_from_hf
 from specjax_models.hf_deepseek import DEEPSEEK_MODEL_TYPES
 from specjax_models.mtp import load_deepseek_mtp
-from specjax_models.safetensors_layout import check_safetensors
+from specjax_models.published_weights import REMEDY, PublishedWeights, read_weights
 from specjax_models.transformer import embedding_and_head
 
 LAYOUTS = ("eagle3", "eagle3-speculators", "eagle1", "medusa1", "mimo-mtp", "deepseek-mtp")
-REMEDY = "download the drafter again"
-_BIN_NAMES = ("pytorch_model.bin", "medusa_lm_head.pt", "model.pt")
-
-
-# ----------------------------------------------------------------------- weight files
-
-def read_weights(directory: str | Path) -> _Weights:
-    """The tensors of `directory`'s weight files, by name: its safetensors files (headers
-    checked against their sizes; a tensor is read when taken, so a target checkpoint's MTP
-    module is read without its blocks), else pickled PyTorch files read with torch."""
-    directory = Path(directory)
-    files = sorted(directory.glob("*.safetensors"))
-    if files:
-        file_of = {}
-        for path in files:
-            for name in check_safetensors(path):
-                file_of[name] = path.name
-        return _Weights(directory, None, file_of)
-    pickled = [directory / name for name in _BIN_NAMES if (directory / name).is_file()]
-    pickled += sorted(directory.glob("pytorch_model-*.bin"))
-    if not pickled:
-        raise FileNotFoundError(f"{directory} holds no drafter weights (expected "
-                                "*.safetensors, pytorch_model.bin or medusa_lm_head.pt)")
-    try:
-        import torch
-    except ImportError:
-        path = pickled[0]
-        raise ValueError(
-            f"{path} is a pickled PyTorch file and torch is not installed; install torch, "
-            f"or convert it once where torch is: python -c \"import torch, safetensors.torch "
-            f"as s; w = torch.load('{path}', weights_only=True); s.save_file({{k: "
-            f"v.contiguous().clone() for k, v in w.items()}}, '{path.with_suffix('')}"
-            f".safetensors')\"") from None
-    arrays, file_of = {}, {}
-    for path in pickled:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # torch raises many types for a damaged pickle
-            raise ValueError(f"{path} cannot be read as PyTorch weights ({type(error).__name__}"
-                             f": {error}); {REMEDY}") from None
-        for name, tensor in state.items():
-            tensor = tensor.detach()
-            arrays[name] = (tensor.float() if tensor.dtype == torch.bfloat16 else
-                            tensor).numpy()
-            file_of[name] = path.name
-    return _Weights(directory, arrays, file_of)
-
-
-class _Weights:
-    """The checkpoint's tensors, taken by name (read from their safetensors file on
-    demand, or from `arrays` already loaded); what is left unused in the drafter's part of
-    the checkpoint is an error (a key this loader has no place for)."""
-
-    def __init__(self, directory: Path, arrays: dict | None, file_of: dict[str, str]):
-        self.directory, self.arrays, self.file_of = directory, arrays, file_of
-        self.names = set(file_of)
-        self.used: set[str] = set()
-        self.float_dtype = np.dtype(np.float32)  # what floating tensors are cast to
-
-    def has(self, name: str) -> bool:
-        return name in self.names
-
-    def read_raw(self, name: str) -> np.ndarray:
-        """The tensor as the file holds it (numpy, no cast), marked used."""
-        array = self._read(name)
-        self.used.add(name)
-        return array
-
-    def _read(self, name: str) -> np.ndarray:
-        if self.arrays is not None:
-            return np.asarray(self.arrays[name])
-        from safetensors import safe_open
-
-        with safe_open(self.directory / self.file_of[name], framework="numpy") as handle:
-            return handle.get_tensor(name)
-
-    def take(self, name: str, shape: tuple | None = None, transpose: bool = False,
-             host_dtype=None):
-        """The tensor (checked against `shape`), transposed if asked: a jax array of the
-        drafter's float dtype, converted as it is read so that the host holds one
-        checkpoint tensor at a time; with `host_dtype`, a numpy array of that dtype (the
-        id maps)."""
-        if name not in self.names:
-            raise ValueError(f"{self.directory}: the drafter's weights lack {name!r} (found "
-                             f"{sorted(self.names)[:6]} ...); {REMEDY}")
-        array = self._read(name)
-        if shape is not None and tuple(array.shape) != tuple(shape):
-            raise ValueError(f"{self.directory / self.file_of[name]}: tensor {name!r} has "
-                             f"shape {tuple(array.shape)}, expected {tuple(shape)} for this "
-                             f"target and config.json; {REMEDY}")
-        self.used.add(name)
-        if host_dtype is not None:
-            return array.astype(host_dtype)
-        on_device = jnp.asarray(array)
-        del array
-        return (on_device.T if transpose else on_device).astype(self.float_dtype)
-
-    def ignore(self, *names: str) -> None:
-        self.used.update(n for n in names if n in self.names)
-
-    def finish(self, prefix: str = "") -> None:
-        """Refuse any tensor under `prefix` that was not taken or ignored."""
-        unused = sorted(n for n in self.names - self.used if n.startswith(prefix))
-        if unused:
-            name = unused[0]
-            raise ValueError(f"{self.directory / self.file_of[name]}: tensor {name!r} has no "
-                             f"place in this drafter ({len(unused)} unused: {unused[:4]}); "
-                             "its config.json asks for a variant this loader does not support")
-
-
 # ----------------------------------------------------------------------- detection
 
 def detect_layout(config: dict, names: set[str], directory: Path) -> str:
@@ -364,7 +254,7 @@ def _eagle(layout, config, weights, target, embedding, target_head, method, feat
                  None if draft_vocab is None else jnp.asarray(draft_vocab))
 
 
-def _layer_params(weights: _Weights, prefix: str, config: FeatureHeadConfig) -> dict:
+def _layer_params(weights: PublishedWeights, prefix: str, config: FeatureHeadConfig) -> dict:
     """The decoder layer's projections and norms under our names."""
     d, a, hd = config.d_model, config.attention_width, config.resolved_head_dim
     q_out, kv_out = config.num_heads * hd, config.num_kv_heads * hd
@@ -390,7 +280,7 @@ def _layer_params(weights: _Weights, prefix: str, config: FeatureHeadConfig) -> 
     return params
 
 
-def _draft_vocabulary(weights: _Weights, config: dict, layer: dict, vocab_size: int,
+def _draft_vocabulary(weights: PublishedWeights, config: dict, layer: dict, vocab_size: int,
                       d_model: int):
     """`(own LM head rows, draft vocabulary)`: EAGLE-3's head scores `draft_vocab_size`
     ids, draft id i being target id i + d2t[i] (t2d marks the same ids); rows are put in
@@ -428,7 +318,7 @@ def _draft_vocabulary(weights: _Weights, config: dict, layer: dict, vocab_size: 
 
 # ----------------------------------------------------------------------- Medusa
 
-def _medusa(weights: _Weights, target_shape: tuple, method: str) -> Medusa:
+def _medusa(weights: PublishedWeights, target_shape: tuple, method: str) -> Medusa:
     """Medusa-1: head i = L ResBlocks then an own LM head (keys with or without the
     `medusa_head.` prefix: the full model's state dict, or `medusa_head.state_dict()` as
     `medusa_lm_head.pt` holds). The heads and blocks are counted from the tensors: the
