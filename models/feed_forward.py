@@ -197,16 +197,25 @@ def _gathered_experts(x_ND, experts_NK, gate_EDF, up_EDF, down_EFD, *, activatio
 def _grouped_experts(x_ND, experts_NK, gate_EDF, up_EDF, down_EFD, *, activation, dtype):
     """The pairs sorted by expert, each expert's run multiplied by its weights in one
     grouped matmul (`jax.lax.ragged_dot`)."""
-    num_tokens, k = experts_NK.shape
-    flat_M = experts_NK.reshape(-1)
-    order_M = jnp.argsort(flat_M, stable=True)
-    sizes_E = jnp.bincount(flat_M, length=gate_EDF.shape[0]).astype(jnp.int32)
-    x_MD = jnp.take(x_ND, order_M // k, axis=0)
+    order_M, sizes_E, x_MD = _sorted_by_expert(x_ND, experts_NK, gate_EDF.shape[0])
     ragged = lambda lhs, rhs: jax.lax.ragged_dot(lhs, rhs.astype(dtype), sizes_E)
     hidden_MF = activation(ragged(x_MD, gate_EDF)) * ragged(x_MD, up_EDF)
-    sorted_MD = ragged(hidden_MF, down_EFD)
+    return _unsorted(ragged(hidden_MF, down_EFD), order_M, experts_NK.shape)
+
+
+def _sorted_by_expert(x_ND, experts_NK, num_experts: int):
+    """`(order [M], sizes [E], x [M, D])`: the M = N k pairs in expert order (stable),
+    each expert's run length, and each pair's token row in that order."""
+    flat_M = experts_NK.reshape(-1)
+    order_M = jnp.argsort(flat_M, stable=True)
+    sizes_E = jnp.bincount(flat_M, length=num_experts).astype(jnp.int32)
+    return order_M, sizes_E, jnp.take(x_ND, order_M // experts_NK.shape[1], axis=0)
+
+
+def _unsorted(sorted_MD, order_M, shape_NK) -> Array:
+    """`[N, k, D]`: rows in expert order put back in pair order."""
     out_MD = jnp.zeros_like(sorted_MD).at[order_M].set(sorted_MD, unique_indices=True)
-    return out_MD.reshape(num_tokens, k, -1)
+    return out_MD.reshape(*shape_NK, -1)
 
 
 def expert_tile(num_pairs: int, num_experts: int) -> int:
@@ -215,7 +224,7 @@ def expert_tile(num_pairs: int, num_experts: int) -> int:
     not much longer than the run it covers), at most the pairs and 512."""
     mean_load = 1.5 * num_pairs / num_experts
     tile = 1 << max(0, math.ceil(math.log2(max(mean_load, 1.0))))
-    return min(tile, num_pairs, 512)
+    return min(tile, max(num_pairs, 1), 512)  # one row at least (an empty batch)
 
 
 def _tiled_experts(x_ND, experts_NK, gate_EDF, up_EDF, down_EFD, *, activation, dtype):
@@ -225,19 +234,15 @@ def _tiled_experts(x_ND, experts_NK, gate_EDF, up_EDF, down_EFD, *, activation, 
     experts') are written again by their own tile later. The loop's length is static (an
     upper bound on the tiles: every touched expert one tile plus M // C), the iterations
     past the real count skipped, so the layer stays differentiable."""
-    num_tokens, k = experts_NK.shape
     num_experts, d_model = gate_EDF.shape[0], x_ND.shape[1]
-    pairs = num_tokens * k
+    pairs = experts_NK.size
     tile = expert_tile(pairs, num_experts)
-    flat_M = experts_NK.reshape(-1)
-    order_M = jnp.argsort(flat_M, stable=True)
-    sizes_E = jnp.bincount(flat_M, length=num_experts).astype(jnp.int32)
+    order_M, sizes_E, x_MD = _sorted_by_expert(x_ND, experts_NK, num_experts)
     starts_E = jnp.cumsum(sizes_E) - sizes_E
     tiles_E = (sizes_E + tile - 1) // tile
     tiles_end_E = jnp.cumsum(tiles_E)  # tiles of experts 0..e together
     # Padded by one tile: a tile starting near the end reads and writes whole.
-    x_PD = jnp.concatenate([jnp.take(x_ND, order_M // k, axis=0),
-                            jnp.zeros((tile, d_model), x_ND.dtype)])
+    x_PD = jnp.concatenate([x_MD, jnp.zeros((tile, d_model), x_MD.dtype)])
 
     def run_tile(index, out_PD):
         expert = jnp.searchsorted(tiles_end_E, index, side="right")
@@ -256,9 +261,7 @@ def _tiled_experts(x_ND, experts_NK, gate_EDF, up_EDF, down_EFD, *, activation, 
 
     max_tiles = min(num_experts, pairs) + pairs // tile
     out_PD = jax.lax.fori_loop(0, max_tiles, step, jnp.zeros_like(x_PD))
-    out_MD = jnp.zeros((pairs, d_model), out_PD.dtype).at[order_M].set(
-        out_PD[:pairs], unique_indices=True)
-    return out_MD.reshape(num_tokens, k, d_model)
+    return _unsorted(out_PD[:pairs], order_M, experts_NK.shape)
 
 
 def dense_reference(moe: MoE, x_BTD: Array) -> Array:
