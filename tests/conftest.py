@@ -119,8 +119,10 @@ def close_draft(tiny_lm) -> specjax.CausalLM:
 
 @pytest.fixture(scope="session")
 def random_draft() -> specjax.CausalLM:
-    """An unrelated 1-layer model over the same 32 ids: a draft that is mostly wrong."""
-    return build_lm(17, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1, d_ff=64)
+    """An unrelated model over the same 32 ids (other weights, tiny_lm's shapes): a draft
+    that is mostly wrong. Sharing tiny_lm's architecture lets a test reuse the decoder it
+    compiled for close_draft (jit caches by shapes, and weights are data)."""
+    return build_lm(17)
 
 
 @pytest.fixture(scope="session")

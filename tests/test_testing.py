@@ -44,6 +44,22 @@ def test_enumerate_joint_of_toy_models():
     np.testing.assert_allclose(iid, np.outer([0.5, 0.3, 0.2], [0.5, 0.3, 0.2]), rtol=1e-6)
 
 
+
+def test_a_repeated_enumeration_is_remembered_by_weights_not_by_object():
+    lm = unigram_lm(np.log([0.5, 0.3, 0.2]))
+    t1 = specjax.SamplingConfig(temperature=1.0)
+    first = enumerate_joint(lm, [0], 2, t1)
+    first[0, 0] = -1.0  # the caller's copy: the remembered joint is untouched
+    again = enumerate_joint(lm, [0], 2, t1)
+    np.testing.assert_allclose(again, np.outer([0.5, 0.3, 0.2], [0.5, 0.3, 0.2]), rtol=1e-6)
+    sharper = enumerate_joint(lm, [0], 2, specjax.SamplingConfig(temperature=0.5))
+    assert sharper[0, 0] > again[0, 0]  # another setting is another joint
+    # New weights in a model of the same apply: enumerated anew, not the old joint.
+    flat = lm.with_params(jax.tree.map(jnp.zeros_like, lm.params))
+    np.testing.assert_allclose(enumerate_joint(flat, [0], 2, t1), np.full((3, 3), 1 / 9),
+                               rtol=1e-6)
+    assert enumerate_joint(lm, [1], 2, t1)[0, 0] == pytest.approx(0.25, rel=1e-6)
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class _LyingDrafter(specjax.DraftModel):
