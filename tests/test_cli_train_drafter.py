@@ -18,6 +18,9 @@ def test_train_drafter_then_generate_with_it(tmp_path):
     common = ["--sequences", "16", "--seq-len", "40", "--prompt-len", "16", "--batch-size",
               "8", "--eval-batches", "1", "--eval-every", "2", "--log-every", "1",
               "--corpus", str(data)]
+    prompt = "def parse(source):\n    "
+    plain = plain_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--no-speculation")
+    assert plain.returncode == 0, plain.stderr
     for method in ("eagle3", "medusa", "kangaroo"):
         out = tmp_path / method
         first = run_cli("train-drafter", "--method", method, "--out", str(out), "--steps", "2",
@@ -31,13 +34,10 @@ def test_train_drafter_then_generate_with_it(tmp_path):
         assert "resuming from step 2 of 3" in resumed.stderr, resumed.stderr
         meta = json.loads((out / "metadata.json").read_text())
         assert meta["steps_done"] == 3 and meta["method"] == method
-        prompt = "def parse(source):\n    "
         # Kangaroo with its early exit set from the command line.
         extra = ("--min-confidence", "0.2") if method == "kangaroo" else ()
         spec = run_cli("generate", prompt, "--json", "--max-new-tokens", "24", "--drafter", method,
                    "--head", str(out), *extra)
-        plain = plain_cli("generate", prompt, "--json", "--max-new-tokens", "24",
-                      "--no-speculation")
         assert spec.returncode == 0, spec.stderr
         assert json.loads(spec.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
 
