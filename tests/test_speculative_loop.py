@@ -189,7 +189,7 @@ REPRO_SCRIPT = textwrap.dedent("""
         return specjax.CausalLM.from_nnx(specjax_models.Transformer(config,
                                                                     rngs=nnx.Rngs(seed)))
     out = specjax.speculative_generate(
-        lm(0), lm(17, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1, d_ff=64),
+        lm(0), lm(17),  # conftest.random_draft
         [[1, 2, 3, 4], [7, 7], [30, 2, 5, 9, 11, 3], [4]], max_new_tokens=16,
         num_draft_tokens=3, sampling=specjax.SamplingConfig(temperature=1.0),
         key=jax.random.key(1234))
