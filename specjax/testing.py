@@ -117,9 +117,13 @@ def perturbed(lm: CausalLM, scale: float, seed: int) -> CausalLM:
 # Exact joints already enumerated, by (weights, prompt, length, setting): a registry of
 # drafters tests every drafter against the same target, prompt and settings, and each
 # enumeration costs V^(L-1) forwards. The key holds the weight arrays themselves (JAX
-# arrays are immutable), so new weights, even in the same CausalLM object, enumerate anew.
+# arrays are immutable), so new weights, even in the same CausalLM object, enumerate anew;
+# an entry keeps its weights alive, so their ids stay theirs while it is kept.
 _JOINTS: dict[tuple, tuple[list, np.ndarray]] = {}
 _JOINTS_KEPT = 64
+# One compiled program per (shape, setting) instead of XLA op by op: the warper's sort,
+# cumsum and masks dispatched eagerly cost more than the forwards they follow.
+_jitted_probabilities = jax.jit(probabilities, static_argnums=1)
 
 
 def enumerate_joint(lm: CausalLM, prompt: list[int], num_tokens: int,
@@ -132,7 +136,7 @@ def enumerate_joint(lm: CausalLM, prompt: list[int], num_tokens: int,
     weights = [lm.apply, *jax.tree.leaves(lm.params)]
     key = (tuple(id(leaf) for leaf in weights), tuple(int(t) for t in prompt),
            int(num_tokens), sampling)
-    if key in _JOINTS and all(a is b for a, b in zip(_JOINTS[key][0], weights, strict=True)):
+    if key in _JOINTS:
         return _JOINTS[key][1].copy()
     vocab = lm.vocab_size
     joint = np.ones((1,), np.float64)
@@ -148,11 +152,6 @@ def enumerate_joint(lm: CausalLM, prompt: list[int], num_tokens: int,
         del _JOINTS[next(iter(_JOINTS))]  # the oldest
     _JOINTS[key] = (weights, joint)
     return joint.copy()
-
-
-# One compiled program per (shape, setting) instead of XLA op by op: the warper's sort,
-# cumsum and masks dispatched eagerly cost more than the forwards they follow.
-_jitted_probabilities = jax.jit(probabilities, static_argnums=1)
 
 
 def chi_square_pvalue(samples_NL, expected_joint: np.ndarray,

@@ -44,7 +44,6 @@ def test_enumerate_joint_of_toy_models():
     np.testing.assert_allclose(iid, np.outer([0.5, 0.3, 0.2], [0.5, 0.3, 0.2]), rtol=1e-6)
 
 
-
 def test_a_repeated_enumeration_is_remembered_by_weights_not_by_object():
     lm = unigram_lm(np.log([0.5, 0.3, 0.2]))
     t1 = specjax.SamplingConfig(temperature=1.0)
@@ -59,6 +58,7 @@ def test_a_repeated_enumeration_is_remembered_by_weights_not_by_object():
     np.testing.assert_allclose(enumerate_joint(flat, [0], 2, t1), np.full((3, 3), 1 / 9),
                                rtol=1e-6)
     assert enumerate_joint(lm, [1], 2, t1)[0, 0] == pytest.approx(0.25, rel=1e-6)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
