@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _SOURCES = {
     "CausalLM": "specjax.causal_lm",
     "enable_compilation_cache": "specjax.compilation_cache",
+    "compiler_options": "specjax.xla_options",
     "DraftModel": "specjax.drafters",
     "PromptLookup": "specjax.drafters",
     "ParallelDraft": "specjax.drafters",
@@ -85,6 +86,7 @@ __all__ = [
     "TypicalAcceptance",
     "analysis",
     "bench",
+    "compiler_options",
     "datastore",
     "decode_step",
     "distributed",
@@ -154,3 +156,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from specjax.streaming import StreamChunk, speculative_stream
     from specjax.trees import DynamicTree, TreeBudget, TreeShape
     from specjax.typical_acceptance import TypicalAcceptance
+    from specjax.xla_options import compiler_options

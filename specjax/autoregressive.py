@@ -11,7 +11,6 @@ every step, and no wasted forward at the end.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +31,7 @@ from specjax.inputs import (
     settings_for_padded_rows,
 )
 from specjax.sampling import SamplingConfig, SamplingParams, sample_tokens, sampling_params
+from specjax.xla_options import options_jit
 
 
 @jax.tree_util.register_dataclass
@@ -64,7 +64,7 @@ class GenerateOutput:
     lengths: Int[Array, " B"]
 
 
-@functools.partial(jax.jit, static_argnames=("capacity",))
+@options_jit(static_argnames=("capacity",))
 def _init_state(lm: CausalLM, prompt_tokens_BP: Array, prompt_lengths_B: Array, key: Array,
                 pad_id: Array, running_B: Array, *, capacity: int) -> DecodeState:
     batch = prompt_tokens_BP.shape[0]
@@ -114,7 +114,7 @@ def decode_step(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_ids
     )
 
 
-@functools.partial(jax.jit, donate_argnames=("state",))
+@options_jit(donate_argnames=("state",))
 def _decode_loop(lm: CausalLM, state: DecodeState, max_new_tokens: Array, eos_ids: Array,
                  sampling: SamplingParams) -> DecodeState:
     # `sampling` is data: only its static `greedy` bit (every row greedy) is in the

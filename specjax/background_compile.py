@@ -16,6 +16,7 @@ the foreground and raises the error there, with the caller's traceback.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -37,7 +38,11 @@ def while_compiling(compile_next: Callable[[], object] | None,
         except Exception:  # noqa: BLE001 - the foreground call reports it (see above)
             pass
 
-    worker = threading.Thread(target=compile_quietly, name="specjax-compile", daemon=True)
+    # The thread runs in a copy of this context: the compiler options in force here
+    # (`specjax.compiler_options`) choose the program it compiles.
+    context = contextvars.copy_context()
+    worker = threading.Thread(target=context.run, args=(compile_quietly,),
+                              name="specjax-compile", daemon=True)
     worker.start()
     try:
         return run()

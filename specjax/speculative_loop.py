@@ -8,7 +8,6 @@ itself (specjax.step) knows only the drafter contract.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +43,7 @@ from specjax.step import (
 )
 from specjax.trees import DynamicTree, TreeBudget, TreeShape
 from specjax.verification import Verification, verification_name
+from specjax.xla_options import options_jit
 
 
 def as_drafter(draft):
@@ -64,7 +64,7 @@ def as_drafter(draft):
 
 
 
-@functools.partial(jax.jit, static_argnames=("capacity", "num_draft_tokens", "drafter_type"))
+@options_jit(static_argnames=("capacity", "num_draft_tokens", "drafter_type"))
 def _init_state(target: CausalLM, drafter, prompt_tokens_BP: Array, prompt_lengths_B: Array,
                 key: Array, max_new_tokens: Array, eos_ids: Array, running_B: Array, *,
                 capacity: int,
@@ -256,8 +256,8 @@ def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens:
 
 
 
-@functools.partial(jax.jit, static_argnames=("config", "drafter_type"),
-                   donate_argnames=("state",))
+@options_jit(static_argnames=("config", "drafter_type"),
+             donate_argnames=("state",))
 def _speculative_loop(target: CausalLM, drafter, state: SpeculativeState,
                       config: SpeculativeConfig, sampling: SamplingParams, *,
                       drafter_type: tuple) -> SpeculativeState:

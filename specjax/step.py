@@ -10,7 +10,6 @@ Rows advance by their own number of tokens; a batch is never advanced by the min
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -43,6 +42,7 @@ from specjax.verification import (
     verify_chain,
     verify_tree,
 )
+from specjax.xla_options import options_jit
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -472,8 +472,8 @@ def compile_key(config: SpeculativeConfig, sampling: SamplingParams) -> Speculat
     return dataclasses.replace(config, sampling=GREEDY if sampling.greedy else SamplingConfig())
 
 
-@functools.partial(jax.jit, static_argnames=("config", "drafter_type"),
-                   donate_argnames=("state",))
+@options_jit(static_argnames=("config", "drafter_type"),
+             donate_argnames=("state",))
 def compiled_step(target: CausalLM, drafter, state: SpeculativeState,
                   config: SpeculativeConfig, sampling: SamplingParams, *,
                   drafter_type: tuple) -> SpeculativeState:

