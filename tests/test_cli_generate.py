@@ -158,6 +158,7 @@ def test_a_chunked_prefill_gives_the_same_text():
     assert json.loads(chunked.stdout)["tokens"] == json.loads(whole.stdout)["tokens"]
 
 
+@pytest.mark.slow  # three runs of the bundled target: 12 s
 def test_the_target_drafting_for_itself_gives_plain_greedy_text():
     """Layer skip on a scanned target (`--layers auto` scans a 24-token request) gives the
     plain greedy text, scanned or unrolled."""

@@ -282,7 +282,7 @@ ENTRIES = {
         reduced_draft("sample"), None, STATIC_TREE, slow_greedy=True, slow_stats=True),
     # A confidence threshold: each step verifies 0 to K drafts (graded num_real).
     "draft model, chain, confidence threshold": Entry(
-        lambda d, t: DraftModel(d, "sample", min_confidence=0.1)),
+        lambda d, t: DraftModel(d, "sample", min_confidence=0.1), slow_stats=True),
     # Feature drafters (EAGLE-1/3, MTP, Medusa): they read the target's features.
     "eagle3, chain, sampled": Entry(eagle("eagle3"), slow_stats=True),
     "eagle1, chain, argmax": Entry(eagle("eagle1", "greedy"), slow_greedy=True,
@@ -323,7 +323,7 @@ ENTRIES = {
         lambda d, t: Lookahead(window=3, ngram=3, guesses=2, buckets=16), None,
         stat_prompt=(1, 5, 2, 1, 5, 2, 1)),
     "retrieval, datastore and own text": Entry(retrieval(max_nodes=6, depth=3, samples=4),
-                                               None),
+                                               None, slow_stats=True),
     "retrieval, own text, adaptive length": Entry(
         lambda d, t: Retrieval(None, max_nodes=5, depth=3, speculation_factor=1.5,
                                min_probability=0.0), None,
@@ -335,7 +335,7 @@ ENTRIES = {
         layer_skip(method="greedy", min_confidence=0.2), slow_greedy=True, slow_stats=True),
     # Kangaroo: the target's first blocks, an adapter, the target's head; the early exit
     # (graded widths, a draft loop that stops when every row has exited).
-    "kangaroo early exit, chain, sampled": Entry(early_exit(stop_below=0.3)),
+    "kangaroo early exit, chain, sampled": Entry(early_exit(stop_below=0.3), slow_stats=True),
     "kangaroo, chain, argmax, every draft": Entry(early_exit(method="greedy", stop_below=None),
                                                   slow_greedy=True, slow_stats=True),
     "kangaroo, chain, reduced draft vocabulary": Entry(
@@ -345,7 +345,7 @@ ENTRIES = {
         lambda d, t: AdaptiveLength(early_exit(stop_below=None)(d, t), start=2),
         slow_greedy=True, slow_stats=True),
     "draft model, chain, adaptive length": Entry(
-        lambda d, t: AdaptiveLength(DraftModel(d, "sample"), start=1)),
+        lambda d, t: AdaptiveLength(DraftModel(d, "sample"), start=1), slow_stats=True),
     "draft model, chain, expected-speed length": Entry(
         lambda d, t: AdaptiveLength(DraftModel(d, "sample"), schedule="expected_speed",
                                     draft_cost=0.2, verify_costs=(1.0, 1.3, 1.5, 1.7)),

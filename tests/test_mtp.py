@@ -148,6 +148,7 @@ def test_a_chain_feeds_each_output_back_as_the_next_feature(drafter):
         previous = reference_outputs(drafter, all_tokens, all_features, len(all_tokens))[-1]
 
 
+@pytest.mark.slow  # five verify/commit rounds and a rebuild of the latent cache: 12 s
 def test_the_latent_cache_after_commits_equals_one_built_from_scratch(target, drafter):
     """After verify/commit rounds with rows accepting different numbers of drafts, block
     slot s holds the pair of committed token s + 1 exactly as a fresh build writes it, and
