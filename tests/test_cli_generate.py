@@ -141,6 +141,7 @@ def test_smollm2_from_the_command_line():
     assert draft_out["tokens"] == plain_out["tokens"] and draft_out["stats"]["draft_forwards"][0]
 
 
+@pytest.mark.slow  # reads SmolLM2's GGUF header and the training recipes: 6 s
 def test_smollm2_options_are_checked_before_loading():
     out = run_cli("train-drafter", "--model", "smollm2", "--method", "draft", "--out", "/tmp/x",
               "--draft-layers", "0,30")

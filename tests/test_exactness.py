@@ -297,7 +297,7 @@ ENTRIES = {
     "eagle3, dynamic tree, top-k": Entry(eagle("eagle3"), None, DYNAMIC_TREE,
                                          slow_greedy=True, slow_stats=True),
     # P-EAGLE: K drafts from one head forward over [committed pairs, K - 1 placeholders].
-    "P-EAGLE head, chain, sampled": Entry(eagle("eagle3", parallel=True)),
+    "P-EAGLE head, chain, sampled": Entry(eagle("eagle3", parallel=True), slow_stats=True),
     "P-EAGLE head, chain, argmax": Entry(eagle("eagle3", "greedy", parallel=True),
                                          stat_prompt=(3, 1, 4), slow_greedy=True,
                                          slow_stats=True),
@@ -321,7 +321,7 @@ ENTRIES = {
     # row's own text, with one-token steps where no row has a match.
     "lookahead, window and n-grams": Entry(
         lambda d, t: Lookahead(window=3, ngram=3, guesses=2, buckets=16), None,
-        stat_prompt=(1, 5, 2, 1, 5, 2, 1)),
+        stat_prompt=(1, 5, 2, 1, 5, 2, 1), slow_stats=True),
     "retrieval, datastore and own text": Entry(retrieval(max_nodes=6, depth=3, samples=4),
                                                None, slow_stats=True),
     "retrieval, own text, adaptive length": Entry(

@@ -88,9 +88,10 @@ def validate_decoding(args):
 
 
 def check_options(args) -> None:
-    """The checks of a decoding command's options that need neither a model nor jax: the
-    folders named, the drafter's options against each other, the verification rule
-    against the proposal's shape."""
+    """The checks of a decoding command's options that need no model: the folders named,
+    the drafter's options against each other, the verification rule against the
+    proposal's shape. Jax loads only for the two that read the library or model code (the
+    typical rule's numbers, a parallel draft's files), so the others answer at once."""
     check_dir(args.target, "--target")
     check_dir(args.draft, "--draft")
     check_published_options(args)
