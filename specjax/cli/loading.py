@@ -23,7 +23,6 @@ from specjax.cli.common import (
     check_dir,
     check_rule_fits,
     refuse_target_with_smollm2,
-    rule_for,
     scan_layers,
     verification_rule,
 )
@@ -81,8 +80,7 @@ def validate_decoding(args):
     except ValueError as error:  # the library's own messages, with the option's name
         raise CliError(str(error).replace("num_draft_tokens", "--num-draft-tokens")) from None
     tree = parse_tree(args)
-    rule_for(args, tree, drafts_own_tree=drafter_choice(args) in MODEL_FREE_CHOICES)
-    check_min_confidence(args, tree)
+    check_min_confidence_value(args)
     check_model_free_options(args)
     return sampling, lookup, tree
 
@@ -170,6 +168,12 @@ def load_published(args, target):
 
 def check_min_confidence(args, tree) -> None:
     """--min-confidence: a drafter that scores its drafts, chains only, a value in (0, 1]."""
+    check_min_confidence_value(args)
+    check_min_confidence_use(args, tree is not None)
+
+
+def check_min_confidence_value(args) -> None:
+    """--min-confidence, when given, in (0, 1] (the library's check)."""
     value = getattr(args, "min_confidence", None)
     if value is None:
         return
@@ -179,7 +183,6 @@ def check_min_confidence(args, tree) -> None:
         check_min_confidence(value)
     except ValueError as error:
         raise CliError(str(error).replace("min_confidence", "--min-confidence")) from None
-    check_min_confidence_use(args, tree is not None)
 
 
 def check_min_confidence_use(args, has_tree: bool) -> None:
