@@ -134,7 +134,8 @@ def cache_rows() -> list[dict]:
 def markdown(payload: dict) -> str:
     machine = payload["machine"]
     lines = ["# A mixture-of-experts target on CPU", "",
-             f"Machine: {machine['processor']}, {machine['cpu_count']} CPUs, jax "
+             f"Machine: {machine.get('cpu_model') or machine['processor']}, "
+             f"{machine['cpu_count']} CPUs, jax "
              f"{machine['jax']} ({machine['jax_backend']}).",
              f"MoE: {payload['moe_params'] / 1e6:.1f}M parameters, 16 experts, top 2 "
              f"(Mixtral layout); dense: {payload['dense_params'] / 1e6:.1f}M, the same "
@@ -160,7 +161,9 @@ def markdown(payload: dict) -> str:
             lines.append(f"| {n} | {m['pairs']} | {m['ms']:.2f} | {m['steps']:.2f} | "
                          f"{m['model_steps']:.2f} | {d.get('ms', float('nan')):.2f} | "
                          f"{d.get('steps', float('nan')):.2f} |")
-        lines += ["", "The model counts each touched expert read once. On CPU the layer "
+        lines += ["", "Each forward's tokens differ by row and position, as drafts do "
+                  "(`specjax.timing.forward_timer`), so they route to different experts. "
+                  "The model counts each touched expert read once. On CPU the layer "
                   "runs the tiled dispatch (`specjax_models.feed_forward`: pairs sorted "
                   "by expert, tiles of about 1.5 mean loads), so a touched expert is "
                   "mostly read once, as the model assumes, but XLA copies its weights "

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import Array
 
 from specjax.causal_lm import CausalLM
 
@@ -35,14 +36,16 @@ def forward_timer(lm: CausalLM, batch: int, num_tokens: int, *, cache_slots: int
     """A compiled, warmed-up function returning the seconds of one cached forward of
     `num_tokens` new tokens per row at `position`, timed as a decode loop runs it: `steps`
     forwards inside one jit (no per-call dispatch), each writing its keys/values into the
-    carried cache and feeding its argmax to the next."""
+    carried cache and feeding its argmax to the next. The tokens of a forward differ from
+    row to row and position to position, as drafts do: a mixture of experts routes them
+    to different experts (the same token repeated would touch one token's experts only)."""
     if position + num_tokens + 1 > cache_slots:
         raise ValueError(f"position {position} + {num_tokens} tokens does not fit in "
                          f"{cache_slots} cache slots")
 
     def body(step, carry):
         cache, token_B = carry
-        tokens_BT = jnp.broadcast_to(token_B[:, None], (batch, num_tokens))
+        tokens_BT = spread_tokens(token_B, num_tokens, lm.vocab_size)
         start = position + step % 2  # alternate so no two forwards are identical
         positions_BT = start + jnp.broadcast_to(jnp.arange(num_tokens), (batch, num_tokens))
         logits_BTV, _, cache = lm.apply(tokens_BT, positions_BT, cache,
@@ -55,6 +58,15 @@ def forward_timer(lm: CausalLM, batch: int, num_tokens: int, *, cache_slots: int
     first = jnp.zeros((batch,), jnp.int32)
     jax.block_until_ready(loop(lm, cache, first))
     return lambda: wall_seconds(lambda: loop(lm, cache, first))[1] / steps
+
+
+def spread_tokens(token_B: Array, num_tokens: int, vocab_size: int) -> Array:
+    """`int32 [B, T]`: `token_B` moved by 7919 per position and 104,729 per row (primes),
+    modulo the vocabulary: a row's positions differ (for T up to V, V not a multiple of
+    7919), and so do rows, as the drafts of a verify do."""
+    spread_BT = (7919 * jnp.arange(num_tokens)[None, :]
+                 + 104_729 * jnp.arange(token_B.shape[0])[:, None])
+    return ((token_B[:, None] + spread_BT) % vocab_size).astype(jnp.int32)
 
 
 def interleaved_medians(timers: dict[object, Callable[[], float]], reps: int) -> dict:

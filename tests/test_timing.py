@@ -2,9 +2,16 @@
 alternation and medians. No speed is asserted (benchmarks measure it)."""
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from specjax.timing import forward_timer, interleaved_medians, step_costs, wall_seconds
+from specjax.timing import (
+    forward_timer,
+    interleaved_medians,
+    spread_tokens,
+    step_costs,
+    wall_seconds,
+)
 
 
 def test_wall_seconds_returns_the_result_and_a_duration():
@@ -30,3 +37,15 @@ def test_step_costs_time_each_forward_the_loop_runs(tiny_lm, close_draft):
 def test_a_forward_that_does_not_fit_its_cache_is_refused(tiny_lm):
     with pytest.raises(ValueError, match="does not fit in 16 cache slots"):
         forward_timer(tiny_lm, 1, 4, cache_slots=16, position=12)
+
+
+def test_a_timed_forward_feeds_different_tokens_to_each_row_and_position():
+    """A verify's drafts differ; a mixture of experts routes by token, so the timed forward
+    must not repeat one token (it would touch one token's experts only)."""
+    tokens = np.asarray(spread_tokens(jnp.asarray([5, 5, 0, 31999], jnp.int32), 33, 32_000))
+    assert tokens.shape == (4, 33) and tokens.dtype == np.int32
+    assert tokens.min() >= 0 and tokens.max() < 32_000
+    assert all(len(set(row)) == 33 for row in tokens.tolist())  # positions differ
+    assert len({tuple(row) for row in tokens.tolist()}) == 4  # rows differ, same start too
+    assert tokens[:, 0].tolist() == [5, (5 + 104_729) % 32_000, (2 * 104_729) % 32_000,
+                                     (31_999 + 3 * 104_729) % 32_000]
