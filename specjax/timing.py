@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM
@@ -63,10 +64,12 @@ def forward_timer(lm: CausalLM, batch: int, num_tokens: int, *, cache_slots: int
 def spread_tokens(token_B: Array, num_tokens: int, vocab_size: int) -> Array:
     """`int32 [B, T]`: `token_B` moved by 7919 per position and 104,729 per row (primes),
     modulo the vocabulary: a row's positions differ (for T up to V, V not a multiple of
-    7919), and so do rows, as the drafts of a verify do."""
-    spread_BT = (7919 * jnp.arange(num_tokens)[None, :]
-                 + 104_729 * jnp.arange(token_B.shape[0])[:, None])
-    return ((token_B[:, None] + spread_BT) % vocab_size).astype(jnp.int32)
+    7919), and so do rows, as the drafts of a verify do. The offsets are reduced modulo V
+    on the host in int64 (a constant of the program), so no batch or length overflows."""
+    spread_BT = np.mod(7919 * np.arange(num_tokens, dtype=np.int64)[None, :]
+                       + 104_729 * np.arange(token_B.shape[0], dtype=np.int64)[:, None],
+                       vocab_size).astype(np.int32)
+    return (jnp.mod(token_B.astype(jnp.int32), vocab_size)[:, None] + spread_BT) % vocab_size
 
 
 def interleaved_medians(timers: dict[object, Callable[[], float]], reps: int) -> dict:

@@ -49,3 +49,13 @@ def test_a_timed_forward_feeds_different_tokens_to_each_row_and_position():
     assert len({tuple(row) for row in tokens.tolist()}) == 4  # rows differ, same start too
     assert tokens[:, 0].tolist() == [5, (5 + 104_729) % 32_000, (2 * 104_729) % 32_000,
                                      (31_999 + 3 * 104_729) % 32_000]
+
+
+def test_the_spread_does_not_overflow_at_any_batch():
+    """Row offsets of 104,729 x B pass int32's range past ~20,500 rows: reduced modulo V
+    first, every token stays in the vocabulary and row r's first token is r's offset."""
+    rows = 30_000
+    tokens = np.asarray(spread_tokens(jnp.zeros((rows,), jnp.int32), 2, 50_000))
+    assert tokens.min() >= 0 and tokens.max() < 50_000
+    assert tokens[-1, 0] == (104_729 * (rows - 1)) % 50_000
+    assert tokens[-1, 1] == (104_729 * (rows - 1) + 7919) % 50_000
