@@ -105,6 +105,9 @@ def pack_prompts(prompts, prompt_lengths, vocab_size: int, *,
 
     `prompts` is a list of token-id lists (ragged), or an int array `[B, P]` whose row b
     holds `prompt_lengths[b]` tokens (all P when `prompt_lengths` is None).
+
+    The checks run on whole arrays, not row by row: a batch of tens of thousands of rows
+    (the exactness harness's, a dataset's) is packed in milliseconds.
     """
     if isinstance(prompts, np.ndarray) or hasattr(prompts, "shape"):
         tokens = np.asarray(prompts)
@@ -117,24 +120,7 @@ def pack_prompts(prompts, prompt_lengths, vocab_size: int, *,
             raise ValueError("prompts is empty: pass at least one prompt")
         if tokens.shape[1] == 0:
             raise ValueError("prompts has zero columns: every prompt needs at least one token")
-        if prompt_lengths is None:
-            lengths = np.full((tokens.shape[0],), tokens.shape[1], np.int64)
-        else:
-            lengths = np.asarray(prompt_lengths)
-            if lengths.shape != (tokens.shape[0],):
-                raise ValueError(f"prompt_lengths has shape {lengths.shape} but prompts has "
-                                 f"{tokens.shape[0]} rows; pass one length per row")
-            if not np.issubdtype(lengths.dtype, np.integer):
-                raise TypeError(f"prompt_lengths must be integers, got dtype {lengths.dtype}")
-            if lengths.min() < 1:
-                bad = int(np.argmin(lengths))
-                raise ValueError(f"prompt {bad} is empty (prompt_lengths[{bad}] = "
-                                 f"{lengths[bad]}); every prompt needs at least one token")
-            if lengths.max() > tokens.shape[1]:
-                bad = int(np.argmax(lengths))
-                raise ValueError(f"prompt_lengths[{bad}] = {lengths[bad]} exceeds the prompts "
-                                 f"array width {tokens.shape[1]}")
-        rows = [tokens[b, : lengths[b]] for b in range(tokens.shape[0])]
+        lengths = _array_prompt_lengths(prompt_lengths, tokens.shape)
     else:
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise TypeError("prompts must be a list of token-id lists or an int array "
@@ -144,31 +130,88 @@ def pack_prompts(prompts, prompt_lengths, vocab_size: int, *,
                              "lists already carries its lengths")
         if len(prompts) == 0:
             raise ValueError("prompts is empty: pass at least one prompt")
-        rows = []
-        for b, row in enumerate(prompts):
-            if isinstance(row, (int, np.integer)):
-                raise TypeError("prompts must be a list of token-id LISTS; wrap a single "
-                                "prompt as [prompt]")
-            arr = np.asarray(row)
-            if arr.size == 0:
-                raise ValueError(f"prompt {b} is empty; every prompt needs at least one token")
-            if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-                raise TypeError(f"prompt {b} must be a flat list of int token ids")
-            rows.append(arr)
-        lengths = np.array([len(r) for r in rows], np.int64)
-
-    for b, row in enumerate(rows):
-        if row.min() < 0 or row.max() >= vocab_size:
-            bad = row[(row < 0) | (row >= vocab_size)][0]
-            raise ValueError(f"prompt {b} holds token id {bad}, outside the model's vocabulary "
-                             f"[0, {vocab_size}); check the tokenizer matches the model")
+        tokens, lengths = _rectangular_prompts(prompts)
+        if tokens is None:
+            tokens, lengths = _ragged_prompts(prompts, vocab_size)
+    # Only each row's first `lengths[b]` ids are the prompt (the rest: the array's padding).
+    in_prompt_BP = np.arange(tokens.shape[1]) < lengths[:, None]
+    outside_BP = in_prompt_BP & ((tokens < 0) | (tokens >= vocab_size))
+    if outside_BP.any():
+        b, p = np.argwhere(outside_BP)[0]
+        raise _outside_vocabulary(b, tokens[b, p], vocab_size)
     width = int(lengths.max()) if pad_to is None else pad_to
     if width < lengths.max():
         raise ValueError(f"pad_to={pad_to} is shorter than the longest prompt ({lengths.max()})")
-    packed = np.full((len(rows), width), PROMPT_PAD_ID, np.int32)
-    for b, row in enumerate(rows):
-        packed[b, : len(row)] = row
+    packed = np.full((tokens.shape[0], width), PROMPT_PAD_ID, np.int32)
+    columns = min(width, tokens.shape[1])
+    packed[:, :columns] = np.where(in_prompt_BP[:, :columns], tokens[:, :columns],
+                                   PROMPT_PAD_ID)
     return PromptBatch(tokens=packed, lengths=lengths.astype(np.int32))
+
+
+def _outside_vocabulary(row: int, token, vocab_size: int) -> ValueError:
+    return ValueError(f"prompt {row} holds token id {token}, outside the model's vocabulary "
+                      f"[0, {vocab_size}); check the tokenizer matches the model")
+
+
+def _array_prompt_lengths(prompt_lengths, shape: tuple[int, int]) -> np.ndarray:
+    """The checked lengths `[B]` of an array of prompts (all P when None)."""
+    if prompt_lengths is None:
+        return np.full((shape[0],), shape[1], np.int64)
+    lengths = np.asarray(prompt_lengths)
+    if lengths.shape != (shape[0],):
+        raise ValueError(f"prompt_lengths has shape {lengths.shape} but prompts has "
+                         f"{shape[0]} rows; pass one length per row")
+    if not np.issubdtype(lengths.dtype, np.integer):
+        raise TypeError(f"prompt_lengths must be integers, got dtype {lengths.dtype}")
+    if lengths.min() < 1:
+        bad = int(np.argmin(lengths))
+        raise ValueError(f"prompt {bad} is empty (prompt_lengths[{bad}] = "
+                         f"{lengths[bad]}); every prompt needs at least one token")
+    if lengths.max() > shape[1]:
+        bad = int(np.argmax(lengths))
+        raise ValueError(f"prompt_lengths[{bad}] = {lengths[bad]} exceeds the prompts "
+                         f"array width {shape[1]}")
+    return lengths.astype(np.int64)
+
+
+def _rectangular_prompts(prompts) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """A list of equally long, non-empty lists of integer ids as one `[B, P]` array and its
+    lengths, converted in one call; `(None, None)` for anything else (ragged rows, a bare
+    id, other types), which `_ragged_prompts` checks row by row with its messages."""
+    if not all(isinstance(row, (list, tuple, np.ndarray)) for row in prompts):
+        return None, None
+    try:
+        tokens = np.asarray(prompts)
+    except (ValueError, TypeError, OverflowError):  # ragged, or not numbers
+        return None, None
+    if tokens.ndim != 2 or tokens.shape[1] == 0 or not np.issubdtype(tokens.dtype,
+                                                                       np.integer):
+        return None, None
+    return tokens, np.full((tokens.shape[0],), tokens.shape[1], np.int64)
+
+
+def _ragged_prompts(prompts, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A list of token-id lists, each checked (with a message naming the row), as an int64
+    `[B, P]` array right-padded with `PROMPT_PAD_ID` and its lengths."""
+    rows = []
+    for b, row in enumerate(prompts):
+        if isinstance(row, (int, np.integer)):
+            raise TypeError("prompts must be a list of token-id LISTS; wrap a single "
+                            "prompt as [prompt]")
+        arr = np.asarray(row)
+        if arr.size == 0:
+            raise ValueError(f"prompt {b} is empty; every prompt needs at least one token")
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            raise TypeError(f"prompt {b} must be a flat list of int token ids")
+        if arr.min() < 0 or arr.max() >= vocab_size:  # before int64 could wrap a uint64 id
+            raise _outside_vocabulary(b, arr[(arr < 0) | (arr >= vocab_size)][0], vocab_size)
+        rows.append(arr)
+    lengths = np.array([len(r) for r in rows], np.int64)
+    tokens = np.full((len(rows), int(lengths.max())), PROMPT_PAD_ID, np.int64)
+    for b, row in enumerate(rows):
+        tokens[b, : len(row)] = row
+    return tokens, lengths
 
 
 def check_max_new_tokens(max_new_tokens) -> int:

@@ -130,14 +130,22 @@ def _config_sequence(sampling) -> tuple[SamplingConfig, ...]:
         raise TypeError("sampling must be a specjax.SamplingConfig, or a list with one "
                         f"SamplingConfig per row; got {type(sampling).__name__}")
     configs = tuple(sampling)
-    for row, config in enumerate(configs):
-        if not isinstance(config, SamplingConfig):
-            raise TypeError(f"sampling[{row}] must be a specjax.SamplingConfig, got "
-                            f"{type(config).__name__}")
+    # Each object checked once: a batch of thousands of rows repeats a few settings.
+    if not all(isinstance(config, SamplingConfig) for config in _by_identity(configs)):
+        row, config = next((row, config) for row, config in enumerate(configs)
+                           if not isinstance(config, SamplingConfig))
+        raise TypeError(f"sampling[{row}] must be a specjax.SamplingConfig, got "
+                        f"{type(config).__name__}")
     if not configs:
         raise ValueError("sampling is an empty list: pass one SamplingConfig for the whole "
                          "batch, or one per row")
     return configs
+
+
+def _by_identity(configs: tuple) -> list:
+    """The different objects of `configs` (by identity, not equality: no hashing), in
+    first-seen order."""
+    return list({id(config): config for config in configs}.values())
 
 
 def row_configs(sampling, batch: int) -> tuple[SamplingConfig, ...]:
@@ -155,7 +163,7 @@ def row_configs(sampling, batch: int) -> tuple[SamplingConfig, ...]:
 def distinct_configs(sampling) -> tuple[SamplingConfig, ...]:
     """The different `SamplingConfig`s in `sampling` (one config or a per-row sequence,
     types checked), in first-seen order: what host-side checks look at."""
-    return tuple(dict.fromkeys(_config_sequence(sampling)))
+    return tuple(dict.fromkeys(_by_identity(_config_sequence(sampling))))
 
 
 def sampling_params(sampling, batch: int) -> SamplingParams:
@@ -174,10 +182,13 @@ def sampling_params(sampling, batch: int) -> SamplingParams:
                               np.full((batch,), sampling.top_p, np.float32),
                               greedy=sampling.greedy)
     configs = row_configs(sampling, batch)
-    return SamplingParams(np.asarray([c.temperature for c in configs], np.float32),
-                          np.asarray([c.top_k for c in configs], np.int32),
-                          np.asarray([c.top_p for c in configs], np.float32),
-                          greedy=all(c.greedy for c in configs))
+    distinct = _by_identity(configs)
+    index = {id(config): i for i, config in enumerate(distinct)}
+    row_index = np.fromiter((index[id(config)] for config in configs), np.int64, len(configs))
+    return SamplingParams(np.asarray([c.temperature for c in distinct], np.float32)[row_index],
+                          np.asarray([c.top_k for c in distinct], np.int32)[row_index],
+                          np.asarray([c.top_p for c in distinct], np.float32)[row_index],
+                          greedy=all(c.greedy for c in distinct))
 
 
 def _as_params(sampling) -> SamplingParams:

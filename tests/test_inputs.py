@@ -33,6 +33,33 @@ def test_ragged_lists_and_arrays_pack_the_same_way():
     assert pack_prompts([[1]], None, vocab_size=4, pad_to=8).tokens.shape == (1, 8)
 
 
+
+def test_equal_lists_take_the_whole_array_path_with_the_same_refusals():
+    """Equally long lists are converted in one call (the harness's 36,256 rows); what they
+    pack to, and every refusal, is what the row-by-row path gives."""
+    rows = [[3, 1, 4], [1, 5, 9]] * 5_000
+    packed = pack_prompts(rows, None, vocab_size=16)
+    np.testing.assert_array_equal(packed.tokens, np.asarray(rows, np.int32))
+    assert packed.lengths.tolist() == [3] * 10_000
+    as_arrays = pack_prompts([np.asarray(r, np.uint8) for r in rows[:2]], None, vocab_size=16)
+    np.testing.assert_array_equal(as_arrays.tokens, packed.tokens[:2])
+    # The first row and id outside the vocabulary are named, on both paths.
+    for bad in ([[1, 2], [3, 16]], [[1, 2, 3], [3, -1]]):
+        with pytest.raises(ValueError, match="prompt 1 holds token id (16|-1), outside"):
+            pack_prompts(bad, None, vocab_size=16)
+    # An id past int64 is refused as the id it is, not wrapped by a conversion.
+    with pytest.raises(ValueError, match=f"token id {2**63 + 5}, outside"):
+        pack_prompts([[1], np.asarray([2**63 + 5], np.uint64)], None, vocab_size=16)
+    with pytest.raises(ValueError, match=f"prompt 0 holds token id {2**63}"):
+        pack_prompts([[2**63, 1]], None, vocab_size=16)
+    for bad, error in (([[1.0, 2.0]], TypeError), ([[True]], TypeError), ([[]], ValueError),
+                       ([1, 2], TypeError), ([[2**64]], TypeError)):
+        with pytest.raises(error, match="prompt|LISTS"):
+            pack_prompts(bad, None, vocab_size=16)
+    # An array's ids past a row's length are its padding, never checked.
+    padded = pack_prompts(np.array([[5, 6, 99]]), [2], vocab_size=16)
+    assert padded.tokens.tolist() == [[5, 6]]
+
 def test_eos_ids_are_padded_to_a_bucket_with_never_matching_ids():
     assert check_eos_id(None, 10).tolist() == [-1, -1, -1, -1]
     assert check_eos_id(3, 10).tolist() == [3, -1, -1, -1]

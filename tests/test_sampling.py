@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specjax import GREEDY, SamplingConfig, probabilities, sample_tokens, warp_logits
-from specjax.sampling import draw_with_q, sampling_params, tree_scores
+from specjax.sampling import distinct_configs, draw_with_q, sampling_params, tree_scores
 
 
 def reference_warp(logits, temperature, top_k, top_p):
@@ -264,3 +264,19 @@ def test_draw_with_q_returns_the_distribution_each_token_was_drawn_from():
     tokens, q = draw_with_q(jax.random.key(6), logits, params, deterministic=True)
     np.testing.assert_array_equal(tokens, np.argmax(np.asarray(logits), -1))
     np.testing.assert_array_equal(q, np.eye(12)[np.asarray(tokens)])
+
+
+def test_per_row_settings_map_equal_and_repeated_objects_to_their_rows():
+    """A batch repeats a few settings thousands of times (the same object, or equal ones):
+    each row gets its own values, and a wrong entry is named by its row."""
+    hot, top = SamplingConfig(temperature=0.9), SamplingConfig(top_k=3, top_p=0.5)
+    rows = [hot, GREEDY, top, SamplingConfig(temperature=0.9)] * 3000
+    params = sampling_params(rows, len(rows))
+    np.testing.assert_array_equal(params.temperature,
+                                  np.float32([c.temperature for c in rows]))
+    np.testing.assert_array_equal(params.top_k, [c.top_k for c in rows])
+    np.testing.assert_array_equal(params.top_p, np.float32([c.top_p for c in rows]))
+    assert not params.greedy and sampling_params([GREEDY] * 5, 5).greedy
+    assert distinct_configs(rows) == (hot, GREEDY, top)
+    with pytest.raises(TypeError, match=r"sampling\[7001\] must be a specjax.SamplingConfig"):
+        sampling_params(rows[:7001] + [None] + rows[7002:], len(rows))
