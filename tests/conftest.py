@@ -42,6 +42,32 @@ if _FAST_COMPILE_FLAGS and not os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 
+class imported_on_use:  # noqa: N801 (stands in for a module)
+    """A module imported at its first attribute: every test process collects every test
+    module, and importing torch (3 s) or scipy (1 s) belongs to the process that runs the
+    tests that use it. `torch = imported_on_use("torch")` after a skip when it is absent."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attribute: str):
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attribute)
+
+
+def skip_module_without(*names: str) -> None:
+    """Skip the calling test module where one of the packages `names` is not installed
+    (pytest.importorskip's check, without importing them)."""
+    import importlib.util
+
+    import pytest
+
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (the test extras)", allow_module_level=True)
+
+
 def subprocess_env(*xla_flags: str, **variables: str) -> dict:
     """This process's environment for a subprocess with more XLA flags (e.g. a virtual
     device count): the fast-compile flags above are kept, as every test process has them

@@ -6,10 +6,12 @@ import json
 import jax
 import numpy as np
 import pytest
+from conftest import imported_on_use, skip_module_without
 
 pytestmark = pytest.mark.slow  # `pytest -m slow` (CI runs it)
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+skip_module_without("torch", "transformers")
+torch = imported_on_use("torch")
+transformers = imported_on_use("transformers")
 
 import specjax  # noqa: E402
 import specjax_models  # noqa: E402

@@ -22,9 +22,10 @@ from specjax.drafters import Eagle, Medusa
 from specjax.drafters.base import DraftContext
 from specjax.drafters.medusa import medusa_logits
 from specjax_models.published_layouts import SyntheticShape, write_synthetic_drafter
-from tests.conftest import build_lm
+from tests.conftest import build_lm, imported_on_use, skip_module_without
 
-torch = pytest.importorskip("torch")
+skip_module_without("torch")
+torch = imported_on_use("torch")
 
 D, V, LAYERS = 64, 32, 8
 
