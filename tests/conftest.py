@@ -274,27 +274,6 @@ def _release_compiled_programs_before_the_maps_run_out():
     release_compiled_programs_if_maps_run_low()
 
 
-# Test modules by their measured time (2-core AMD EPYC, `--durations=0` of `.ci/run`: the
-# slow set's longest, then the unit suite's), longest first. xdist hands a worker one whole
-# module at a time (`--dist loadfile`) in collection order (`--no-loadscope-reorder`): a
-# long module handed out last keeps one worker busy while the other has nothing left (the
-# slow set's 8-device module alone runs for three minutes). Only the order of modules
-# changes; a module's tests keep theirs, and modules not listed follow in their own order.
-LONGEST_MODULES_FIRST = (
-    "test_exactness", "test_docs", "test_sharded", "test_notebooks", "test_cli_generate",
-    "test_cli_train_drafter", "test_device_benchmark", "test_hf", "test_cli_chat",
-    "test_faults_training", "test_training_heads", "test_distributed",
-    "test_speculative_loop", "test_mtp", "test_cli_demo", "test_cli_bench", "test_gguf",
-    "test_transformer", "test_early_exit", "test_step", "test_cli_datastore",
-    "test_retrieval", "test_autoregressive", "test_eagle", "test_traversal_verification",
-    "test_cli_train")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: position for position, name in enumerate(LONGEST_MODULES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable
-
-
 def assert_trees_follow_offsets(drafter, state, context, argmax) -> None:
     """A parallel drafter's trees take depth d from offset d + 1: with greedy drafting
     every first-rank depth-d node is offset d + 1's argmax (`argmax`, [3]) whatever its
