@@ -99,11 +99,12 @@ def collect_garbage_rarely() -> None:
     """Python's cyclic garbage collector at a 200,000-allocation threshold, with what is
     alive now (jax, the models' modules) frozen out of its passes: tracing a decoder
     allocates millions of short-lived objects, and at the default threshold (700) the
-    collector walks the process's heap thousands of times per program. About 5% of a test
-    process's time (six unit modules, two runs each: 117 -> 122 s and 144 -> 151 s with
-    the default); memory stays bounded, as the collector still runs. What the command
-    line does for its own runs (specjax.cli.process), for every test process and the
-    scripts the tests start."""
+    collector walks the process's heap thousands of times per program. About 8% of a test
+    process's time (four unit modules with two workers, runs in the order on, off, off, on:
+    79 and 75 s against 83 and 85 s with the default threshold); memory stays bounded, as
+    the collector still runs. The command line does the same for its own runs
+    (specjax.cli.process); here it is every test process and the scripts the tests start
+    (they import this module)."""
     import gc
 
     gc.collect()
