@@ -93,11 +93,16 @@ def test_generate_summary_quiet_and_length_warning():
 @pytest.mark.slow
 def test_ctrl_c_ends_cleanly_with_what_was_generated():
     # A shell running this suite in the background leaves SIGINT ignored in its children,
-    # and Python keeps an ignored SIGINT ignored: restore the default for the CLI.
-    process = subprocess.Popen([sys.executable, "-m", "specjax.cli", "generate", "import os\n",
+    # and Python keeps an ignored SIGINT ignored: the child installs Python's own handler
+    # (KeyboardInterrupt), as an interpreter started with SIGINT delivered does, then runs
+    # `python -m specjax.cli` (a preexec_fn would run Python between fork and exec in this
+    # multithreaded process, which JAX rightly warns may deadlock).
+    restore_then_run = ("import runpy, signal; "
+                        "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                        "runpy.run_module('specjax.cli', run_name='__main__', alter_sys=True)")
+    process = subprocess.Popen([sys.executable, "-c", restore_then_run, "generate", "import os\n",
                                 "--max-new-tokens", "1900", "--no-eos", "--color", "never"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout.read(len("import os\n")) == "import os\n"  # the prompt echoed
     process.stdout.read(4)  # and the first generated text: the stream has started
     process.send_signal(signal.SIGINT)
