@@ -492,8 +492,7 @@ def test_a_drafter_without_its_config_or_width_is_refused_by_name(deep_lm, tmp_p
     with pytest.raises(ValueError, match=r"config.json \(absent\).*num_attention_heads is "
                                          "missing"):
         specjax_models.load_drafter(eagle, deep_lm)
-    target_dir = tmp_path / "mimo"
-    mimo = write_synthetic_drafter(target_dir, "mimo-mtp", shape())
+    mimo = write_synthetic_drafter(tmp_path / "mimo", "mimo-mtp", shape())
     config = json.loads((mimo / "config.json").read_text())
     del config["hidden_size"]
     (mimo / "config.json").write_text(json.dumps(config))
