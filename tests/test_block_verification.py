@@ -8,13 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.block_verification import (
-    accept_block,
-    block_residual,
-    chain_distributions,
-    keep_probabilities,
-)
-from specjax.rejection import accept_sampled, residual_distribution
+from specjax import block_verification, rejection
+
+# Jitted, as a decoder runs them: called eagerly, each of their operations would compile
+# a program of its own (hundreds per module, most of its time).
+accept_block = jax.jit(block_verification.accept_block)
+block_residual = jax.jit(block_verification.block_residual)
+chain_distributions = jax.jit(block_verification.chain_distributions)
+keep_probabilities = jax.jit(block_verification.keep_probabilities)
+accept_sampled = jax.jit(rejection.accept_sampled)
+residual_distribution = jax.jit(rejection.residual_distribution)
 
 VOCAB = 3
 

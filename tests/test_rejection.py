@@ -4,7 +4,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.rejection import accept_greedy, accept_sampled, residual_distribution
+from specjax import rejection
+
+# Jitted, as a decoder runs them: called eagerly, each of their operations would compile
+# a program of its own (hundreds per module, most of its time).
+accept_greedy = jax.jit(rejection.accept_greedy)
+accept_sampled = jax.jit(rejection.accept_sampled)
+residual_distribution = jax.jit(rejection.residual_distribution)
 
 MAT, SAT, RAN = 0, 1, 2
 

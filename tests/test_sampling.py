@@ -5,8 +5,33 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import GREEDY, SamplingConfig, probabilities, sample_tokens, warp_logits
-from specjax.sampling import distinct_configs, draw_with_q, sampling_params, tree_scores
+from specjax import GREEDY, SamplingConfig
+from specjax import sampling as warper
+from specjax.sampling import distinct_configs, sampling_params
+
+
+def jitted(function):
+    """`function(..., sampling, ...)` jitted as a decoder runs it: a SamplingConfig is a
+    constant of the program (static), SamplingParams are its data. Called eagerly, each
+    operation of the warper would compile a program of its own (most of this module's
+    time)."""
+    flags = ("deterministic",) if function is warper.draw_with_q else ()
+    with_constants = jax.jit(function, static_argnames=("sampling", *flags))
+    with_data = jax.jit(function, static_argnames=flags)
+
+    def call(*args, **kwargs):
+        settings = kwargs.get("sampling", args[-1] if args else None)
+        return (with_constants if isinstance(settings, SamplingConfig) else with_data)(
+            *args, **kwargs)
+
+    return call
+
+
+warp_logits = jitted(warper.warp_logits)
+probabilities = jitted(warper.probabilities)
+sample_tokens = jitted(warper.sample_tokens)
+draw_with_q = jitted(warper.draw_with_q)
+tree_scores = jitted(warper.tree_scores)
 
 
 def reference_warp(logits, temperature, top_k, top_p):

@@ -21,11 +21,19 @@ from test_block_verification import (
     total_variation,
 )
 
-from specjax.block_verification import accept_block, chain_distributions, keep_probabilities
+from specjax import block_verification, traversal_verification, tree_acceptance
 from specjax.testing import chi_square_pvalue
-from specjax.traversal_verification import accept_traversal, traverse
-from specjax.tree_acceptance import accept_tree_greedy
 from specjax.trees import TreeShape
+
+# Jitted, as a decoder runs them: called eagerly, each of their operations would compile
+# a program of its own (hundreds per module, most of its time).
+WALK = ("max_depth", "max_branching")
+accept_block = jax.jit(block_verification.accept_block)
+chain_distributions = jax.jit(block_verification.chain_distributions)
+keep_probabilities = jax.jit(block_verification.keep_probabilities)
+accept_traversal = jax.jit(traversal_verification.accept_traversal, static_argnames=WALK)
+traverse = jax.jit(traversal_verification.traverse, static_argnames=WALK)
+accept_tree_greedy = jax.jit(tree_acceptance.accept_tree_greedy, static_argnames=WALK)
 
 SHAPES = {
     "wide": TreeShape.from_paths([[0], [1], [2], [0, 0], [1, 0]]),

@@ -15,9 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax import tree_acceptance
 from specjax.testing import chi_square_pvalue
-from specjax.tree_acceptance import accept_tree_greedy, accept_tree_sampled
 from specjax.trees import TreeShape
+
+# Jitted, as a decoder runs them: called eagerly, each of their operations would compile
+# a program of its own (hundreds per module, most of its time).
+WALK = ("max_depth", "max_branching")
+accept_tree_greedy = jax.jit(tree_acceptance.accept_tree_greedy, static_argnames=WALK)
+accept_tree_sampled = jax.jit(tree_acceptance.accept_tree_sampled, static_argnames=WALK)
 
 VOCAB, ROWS, ROOT = 5, 40_000, 1
 RNG = np.random.default_rng(0)
