@@ -38,13 +38,18 @@ def adapter(target, exit_layer: int, seed: int = 5, **settings) -> EarlyExit:
 def reference_logits(target, drafter: EarlyExit, tokens: list[int]) -> np.ndarray:
     """float32 [T, V]: the adapter over the stream entering its exit layer at every
     position of `tokens`, from a no-cache forward of the whole text (causal, no cache)."""
-    tokens_1T = jnp.asarray([tokens], jnp.int32)
-    positions_1T = jnp.arange(len(tokens))[None]
-    _, hidden, _ = target.apply(tokens_1T, positions_1T, target.init_cache(1, len(tokens)),
+    return np.asarray(_reference_logits(target, drafter, jnp.asarray([tokens], jnp.int32)))
+
+
+@jax.jit  # one program per text length: eagerly, each operation would compile its own
+def _reference_logits(target, drafter: EarlyExit, tokens_1T):
+    positions_1T = jnp.arange(tokens_1T.shape[1])[None]
+    _, hidden, _ = target.apply(tokens_1T, positions_1T,
+                                target.init_cache(1, tokens_1T.shape[1]),
                                 jnp.zeros(1, jnp.int32), feature_layers=drafter.feature_layers)
     inputs = head_inputs(drafter.params, drafter.config, None, None, hidden[:, :, 0])
     out, _ = head_block(drafter.params, drafter.config, inputs, positions_1T, None)
-    return np.asarray(head_logits(drafter.params, drafter.config, drafter.lm_head, out)[0])
+    return head_logits(drafter.params, drafter.config, drafter.lm_head, out)[0]
 
 
 @pytest.mark.parametrize("exit_layer", [0, 1, 2])
@@ -69,6 +74,17 @@ def test_scanned_and_unrolled_layers_draft_alike(tmp_path):
     np.testing.assert_allclose(outs[0].q, outs[1].q, atol=1e-5)
 
 
+@jax.jit
+def _fresh_adapter_keys(target, drafter: EarlyExit, tokens_1T, empty_keys, empty_values):
+    """The adapter's keys over a no-cache forward of the text (exit layer 2)."""
+    positions_1T = jnp.arange(tokens_1T.shape[1])[None]
+    _, hidden, _ = target.apply(tokens_1T, positions_1T,
+                                target.init_cache(1, tokens_1T.shape[1]),
+                                jnp.zeros(1, jnp.int32), feature_layers=(2,))
+    return drafter.adapter(hidden[:, :, 0], positions_1T, empty_keys, empty_values,
+                           jnp.zeros(1, jnp.int32))[1]
+
+
 def test_the_adapter_cache_after_steps_equals_one_built_from_scratch():
     """After several steps (accepted and rejected drafts, ragged rows) every committed
     position's adapter keys equal those of a fresh forward over the committed text."""
@@ -85,12 +101,8 @@ def test_the_adapter_cache_after_steps_equals_one_built_from_scratch():
     np.testing.assert_array_equal(np.asarray(own.cache_lengths), lengths - 1)
     for b in range(len(PROMPTS)):
         text = [int(t) for t in np.asarray(state.sequence)[b, :lengths[b]]]
-        tokens_1T = jnp.asarray([text], jnp.int32)
-        positions_1T = jnp.arange(len(text))[None]
-        _, hidden, _ = target.apply(tokens_1T, positions_1T, target.init_cache(1, len(text)),
-                                    jnp.zeros(1, jnp.int32), feature_layers=(2,))
-        keys, _ = drafter.adapter(hidden[:, :, 0], positions_1T, own.keys[b:b + 1] * 0,
-                                  own.values[b:b + 1] * 0, jnp.zeros(1, jnp.int32))[1:]
+        keys = _fresh_adapter_keys(target, drafter, jnp.asarray([text], jnp.int32),
+                                   own.keys[b:b + 1] * 0, own.values[b:b + 1] * 0)
         committed = lengths[b] - 1
         np.testing.assert_allclose(own.keys[b, :committed], keys[0, :committed], atol=2e-5)
     # Some drafts were accepted (their slots are the ones the commit keeps) and some
