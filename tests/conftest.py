@@ -307,14 +307,21 @@ def assert_trees_follow_offsets(drafter, state, context, argmax) -> None:
 
     tree = TreeShape.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
     params = sampling_params(specjax.GREEDY, 1)
-    _, proposal = drafter.propose(state, context, jax.random.key(0), num_draft_tokens=5,
-                                  sampling=params, vocab_size=32, tree=tree)
+
+    # Jitted, as a decoder proposes: eagerly, each operation would compile its own program.
+    @functools.partial(jax.jit, static_argnames=("num_draft_tokens", "vocab_size", "tree"))
+    def propose(drafter, state, context, key, *, num_draft_tokens, sampling, vocab_size, tree):
+        return drafter.propose(state, context, key, num_draft_tokens=num_draft_tokens,
+                               sampling=sampling, vocab_size=vocab_size, tree=tree)
+
+    _, proposal = propose(drafter, state, context, jax.random.key(0), num_draft_tokens=5,
+                          sampling=params, vocab_size=32, tree=tree)
     tokens = np.asarray(proposal.tokens[0])
     assert tokens[0] == argmax[0] and tokens[2] == tokens[3] == argmax[1]
     assert tokens[4] == argmax[2] and tokens[1] != tokens[0]
     dynamic = DynamicTree(num_nodes=6, max_depth=3, top_k=2)
-    _, grown = drafter.propose(state, context, jax.random.key(0), num_draft_tokens=6,
-                               sampling=params, vocab_size=32, tree=dynamic)
+    _, grown = propose(drafter, state, context, jax.random.key(0), num_draft_tokens=6,
+                       sampling=params, vocab_size=32, tree=dynamic)
     depths = specjax.trees.tree_depths(grown.parents)[0]
     assert argmax[0] in np.asarray(grown.tokens[0])[np.asarray(depths) == 1]
 

@@ -21,11 +21,16 @@ def full_forward_logits(lm, tokens: list, positions: int) -> np.ndarray:
     """The draft's logits at the last token and at each of `positions - 1` masks after it,
     from one forward over the whole text on an empty cache."""
     window = tokens + [MASK] * (positions - 1)
-    cache = lm.init_cache(1, len(window) + 1)
-    logits, _, _ = lm.apply(jnp.asarray([window], jnp.int32),
-                            jnp.arange(len(window), dtype=jnp.int32)[None], cache,
-                            jnp.zeros((1,), jnp.int32))
-    return np.asarray(logits[0, len(tokens) - 1:])
+    return np.asarray(_forward_on_an_empty_cache(lm, jnp.asarray([window], jnp.int32))
+                      )[len(tokens) - 1:]
+
+
+@jax.jit  # one program per window length: eagerly, each operation compiles its own
+def _forward_on_an_empty_cache(lm, window_1T):
+    cache = lm.init_cache(1, window_1T.shape[1] + 1)
+    logits, _, _ = lm.apply(window_1T, jnp.arange(window_1T.shape[1], dtype=jnp.int32)[None],
+                            cache, jnp.zeros((1,), jnp.int32))
+    return logits[0]
 
 
 @pytest.mark.parametrize("k", [1, 4])
@@ -82,10 +87,10 @@ def test_tree_proposals_take_each_depth_from_its_position(close_draft):
     a dynamic tree's nodes score along their paths with those same distributions."""
     drafter = ParallelDraft(close_draft, mask_id=MASK, method="greedy")
     prompt = jnp.asarray([[1, 2, 3, 4]], jnp.int32)
-    state = drafter.init(prompt, jnp.asarray([4]), 24)
+    state = jax.jit(drafter.init, static_argnums=2)(prompt, jnp.asarray([4]), 24)
     context = DraftContext(jnp.zeros((1, 24), jnp.int32).at[:, :4].set(prompt),
                            jnp.asarray([4]))
-    _, logits = drafter.position_logits(state, context, 3)
+    _, logits = jax.jit(drafter.position_logits, static_argnums=2)(state, context, 3)
     argmax = np.asarray(jnp.argmax(logits[0], axis=-1))
     assert_trees_follow_offsets(drafter, state, context, argmax)
 

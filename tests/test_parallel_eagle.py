@@ -121,10 +121,11 @@ def test_tree_proposals_take_each_depth_from_its_offset(tiny_lm):
     prompt = jnp.asarray([[1, 2, 3, 4]], jnp.int32)
     layers = len(drafter.feature_layers) + 1
     features = jax.random.normal(jax.random.key(1), (1, 4, layers, drafter.config.d_model))
-    state = drafter.init(prompt, jnp.asarray([4]), 24, features=features, num_draft_tokens=5)
+    init = jax.jit(drafter.init, static_argnums=2, static_argnames="num_draft_tokens")
+    state = init(prompt, jnp.asarray([4]), 24, features=features, num_draft_tokens=5)
     context = DraftContext(jnp.zeros((1, 24), jnp.int32).at[:, :4].set(prompt),
                            jnp.asarray([4]))
-    _, out = drafter.offset_outputs(state, context, 3)
+    _, out = jax.jit(drafter.offset_outputs, static_argnums=2)(state, context, 3)
     argmax = np.asarray(jnp.argmax(drafter.head._logits(out[0]), axis=-1))
     assert_trees_follow_offsets(drafter, state, context, argmax)
 
