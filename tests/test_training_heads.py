@@ -13,12 +13,17 @@ from specjax.training import (
     TrainConfig,
     cache_target_outputs,
     draft_label_index,
-    head_loss,
+    heads,
     self_distillation_data,
     train_head,
     train_head_cached,
 )
-from specjax.training.heads import _cached_terms, epoch_batches, unrolled_head
+from specjax.training.heads import epoch_batches
+
+# Jitted, as training runs them: eagerly, each operation would compile a program of its own.
+head_loss = jax.jit(heads.head_loss, static_argnums=3)
+_cached_terms = jax.jit(heads._cached_terms, static_argnums=2)
+unrolled_head = jax.jit(heads.unrolled_head, static_argnums=3)
 
 
 def small_head(lm, kind, seed=0) -> Eagle:
