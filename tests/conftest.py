@@ -296,6 +296,15 @@ def _release_compiled_programs_before_the_maps_run_out():
     release_compiled_programs_if_maps_run_low()
 
 
+@functools.partial(jax.jit, static_argnames=("num_draft_tokens", "vocab_size", "tree"))
+def jitted_propose(drafter, state, context, key, *, num_draft_tokens, sampling, vocab_size,
+                   tree):
+    """`drafter.propose(...)` jitted, as a decoder runs it: called eagerly, each of its
+    operations would compile a program of its own."""
+    return drafter.propose(state, context, key, num_draft_tokens=num_draft_tokens,
+                           sampling=sampling, vocab_size=vocab_size, tree=tree)
+
+
 def assert_trees_follow_offsets(drafter, state, context, argmax) -> None:
     """A parallel drafter's trees take depth d from offset d + 1: with greedy drafting
     every first-rank depth-d node is offset d + 1's argmax (`argmax`, [3]) whatever its
@@ -307,21 +316,14 @@ def assert_trees_follow_offsets(drafter, state, context, argmax) -> None:
 
     tree = TreeShape.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
     params = sampling_params(specjax.GREEDY, 1)
-
-    # Jitted, as a decoder proposes: eagerly, each operation would compile its own program.
-    @functools.partial(jax.jit, static_argnames=("num_draft_tokens", "vocab_size", "tree"))
-    def propose(drafter, state, context, key, *, num_draft_tokens, sampling, vocab_size, tree):
-        return drafter.propose(state, context, key, num_draft_tokens=num_draft_tokens,
-                               sampling=sampling, vocab_size=vocab_size, tree=tree)
-
-    _, proposal = propose(drafter, state, context, jax.random.key(0), num_draft_tokens=5,
-                          sampling=params, vocab_size=32, tree=tree)
+    _, proposal = jitted_propose(drafter, state, context, jax.random.key(0),
+                                 num_draft_tokens=5, sampling=params, vocab_size=32, tree=tree)
     tokens = np.asarray(proposal.tokens[0])
     assert tokens[0] == argmax[0] and tokens[2] == tokens[3] == argmax[1]
     assert tokens[4] == argmax[2] and tokens[1] != tokens[0]
     dynamic = DynamicTree(num_nodes=6, max_depth=3, top_k=2)
-    _, grown = propose(drafter, state, context, jax.random.key(0), num_draft_tokens=6,
-                       sampling=params, vocab_size=32, tree=dynamic)
+    _, grown = jitted_propose(drafter, state, context, jax.random.key(0), num_draft_tokens=6,
+                              sampling=params, vocab_size=32, tree=dynamic)
     depths = specjax.trees.tree_depths(grown.parents)[0]
     assert argmax[0] in np.asarray(grown.tokens[0])[np.asarray(depths) == 1]
 
