@@ -21,16 +21,7 @@ def full_forward_logits(lm, tokens: list, positions: int) -> np.ndarray:
     """The draft's logits at the last token and at each of `positions - 1` masks after it,
     from one forward over the whole text on an empty cache."""
     window = tokens + [MASK] * (positions - 1)
-    return np.asarray(_forward_on_an_empty_cache(lm, jnp.asarray([window], jnp.int32))
-                      )[len(tokens) - 1:]
-
-
-@jax.jit  # one program per window length: eagerly, each operation compiles its own
-def _forward_on_an_empty_cache(lm, window_1T):
-    cache = lm.init_cache(1, window_1T.shape[1] + 1)
-    logits, _, _ = lm.apply(window_1T, jnp.arange(window_1T.shape[1], dtype=jnp.int32)[None],
-                            cache, jnp.zeros((1,), jnp.int32))
-    return logits[0]
+    return np.asarray(lm.logits([window])[0, len(tokens) - 1:])  # CausalLM.logits: jitted
 
 
 @pytest.mark.parametrize("k", [1, 4])
