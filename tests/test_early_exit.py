@@ -20,6 +20,7 @@ from specjax.drafters.feature_head import head_block, head_inputs, head_logits
 from specjax.speculative_loop import init_speculative_state, speculative_config
 from specjax.step import jitted_step
 from specjax.testing import plus_one_lm
+from specjax.training.heads import target_outputs
 
 STEPS = 4
 
@@ -41,13 +42,17 @@ def reference_logits(target, drafter: EarlyExit, tokens: list[int]) -> np.ndarra
     return np.asarray(_reference_logits(target, drafter, jnp.asarray([tokens], jnp.int32)))
 
 
+def _exit_stream(target, drafter: EarlyExit, tokens_1T):
+    """(the stream entering the drafter's exit layer [1, T, D], positions [1, T]) from a
+    no-cache forward of the whole text (the frozen target as training reads it)."""
+    _, hidden = target_outputs(target, tokens_1T, drafter.feature_layers)
+    return hidden[:, :, 0], jnp.arange(tokens_1T.shape[1])[None]
+
+
 @jax.jit  # one program per text length: eagerly, each operation would compile its own
 def _reference_logits(target, drafter: EarlyExit, tokens_1T):
-    positions_1T = jnp.arange(tokens_1T.shape[1])[None]
-    _, hidden, _ = target.apply(tokens_1T, positions_1T,
-                                target.init_cache(1, tokens_1T.shape[1]),
-                                jnp.zeros(1, jnp.int32), feature_layers=drafter.feature_layers)
-    inputs = head_inputs(drafter.params, drafter.config, None, None, hidden[:, :, 0])
+    stream, positions_1T = _exit_stream(target, drafter, tokens_1T)
+    inputs = head_inputs(drafter.params, drafter.config, None, None, stream)
     out, _ = head_block(drafter.params, drafter.config, inputs, positions_1T, None)
     return head_logits(drafter.params, drafter.config, drafter.lm_head, out)[0]
 
@@ -76,12 +81,9 @@ def test_scanned_and_unrolled_layers_draft_alike(tmp_path):
 
 @jax.jit
 def _fresh_adapter_keys(target, drafter: EarlyExit, tokens_1T, empty_keys, empty_values):
-    """The adapter's keys over a no-cache forward of the text (exit layer 2)."""
-    positions_1T = jnp.arange(tokens_1T.shape[1])[None]
-    _, hidden, _ = target.apply(tokens_1T, positions_1T,
-                                target.init_cache(1, tokens_1T.shape[1]),
-                                jnp.zeros(1, jnp.int32), feature_layers=(2,))
-    return drafter.adapter(hidden[:, :, 0], positions_1T, empty_keys, empty_values,
+    """The adapter's keys over a no-cache forward of the text."""
+    stream, positions_1T = _exit_stream(target, drafter, tokens_1T)
+    return drafter.adapter(stream, positions_1T, empty_keys, empty_values,
                            jnp.zeros(1, jnp.int32))[1]
 
 
