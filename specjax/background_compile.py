@@ -9,7 +9,11 @@ on two cores the two overlap: a warm `specjax generate` on SmolLM2 loads a 1.4 s
 program beside a 0.6 s prefill program.
 
 `jit(f).lower(...).compile()` fills the same in-memory caches that a later `f(...)`
-call with arguments of those shapes reads, so that call neither traces nor compiles.
+call with arguments of those shapes and placements reads, so that call neither traces nor
+compiles. The placement is part of the key: the prefill's outputs are committed to the
+device of its committed arguments (a loaded model's weights), and a program lowered on
+shapes without that placement is another program, which the foreground call would compile
+again (`placed_as_outputs`).
 When the background compilation fails, its error is dropped: the later call compiles in
 the foreground and raises the error there, with the caller's traceback.
 """
@@ -20,6 +24,8 @@ import contextvars
 import threading
 from collections.abc import Callable
 from typing import TypeVar
+
+import jax
 
 Result = TypeVar("Result")
 
@@ -48,3 +54,26 @@ def while_compiling(compile_next: Callable[[], object] | None,
         return run()
     finally:
         worker.join()
+
+
+def placed_as_outputs(shapes, args):
+    """`shapes` (`jax.ShapeDtypeStruct`s of a jitted call's outputs, from its `eval_shape`)
+    with the placement the call's outputs will have, for lowering the program that takes
+    them; None where that placement cannot be known before the call. A jitted call's
+    outputs are committed when one of its arguments is: on one device they are then that
+    device's, and with no committed argument they stay unplaced, as the shapes are. On a
+    mesh the compiler chooses the outputs' layouts: None, and the caller compiles nothing
+    ahead (a program lowered for other layouts would never be used)."""
+    devices = set()
+    for leaf in jax.tree.leaves(args):
+        if isinstance(leaf, jax.Array) and leaf.committed:
+            devices |= leaf.sharding.device_set
+    if not devices:
+        return shapes
+    if len(devices) > 1:
+        return None
+    sharding = jax.sharding.SingleDeviceSharding(devices.pop())
+    return jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape.shape, shape.dtype,
+                                                           sharding=sharding,
+                                                           weak_type=shape.weak_type),
+                        shapes)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from specjax.background_compile import while_compiling
+from specjax.background_compile import placed_as_outputs, while_compiling
 from specjax.causal_lm import CausalLM, prefill
 from specjax.distributed import process_local
 from specjax.drafters.base import drafter_key
@@ -205,7 +205,8 @@ def _signature(program, config, args: tuple, static: dict) -> tuple:
     leaves, structure = jax.tree.flatten(args)
     return (program, config, structure, tuple(static.items()),
             tuple((getattr(x, "shape", None), getattr(x, "dtype", type(x)),
-                   getattr(x, "sharding", None)) for x in leaves))
+                   getattr(x, "sharding", None), getattr(x, "committed", None))
+                  for x in leaves))
 
 
 def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens: int,
@@ -243,9 +244,10 @@ def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens:
         params = sampling_params(config.sampling, len(batch.lengths))
         step_key = compile_key(config, params)
         signature = _signature(program, step_key, prefill_args, prefill_static)
-        if signature not in _COMPILED_NEXT:
-            # The prefill's trace, shared with its call below: only the shapes are needed.
-            shapes = _init_state.eval_shape(*prefill_args, **prefill_static)
+        # The prefill's trace, shared with its call below: only the shapes are needed.
+        shapes = None if signature in _COMPILED_NEXT else placed_as_outputs(
+            _init_state.eval_shape(*prefill_args, **prefill_static), prefill_args)
+        if shapes is not None:
 
             def compile_next():
                 program.lower(target, drafter, shapes, step_key, params,

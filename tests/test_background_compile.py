@@ -81,7 +81,19 @@ def test_without_a_next_program_it_just_runs():
     assert while_compiling(None, lambda: 3) == 3
 
 
-def test_speculative_decoding_compiles_each_program_once(tiny_lm, close_draft):
+@pytest.mark.parametrize("placed", [False, True], ids=["weights unplaced", "weights on a device"])
+def test_speculative_decoding_compiles_each_program_once(tiny_lm, close_draft, placed,
+                                                        monkeypatch):
+    """Weights committed to a device (as a loaded checkpoint's are) commit the prefill's
+    outputs there: the loop compiled meanwhile must be lowered for that placement, or the
+    real call compiles it a second time."""
+    if placed:
+        device = jax.devices()[0]
+        tiny_lm = tiny_lm.with_params(jax.device_put(tiny_lm.params, device))
+        close_draft = close_draft.with_params(jax.device_put(close_draft.params, device))
+    import specjax.speculative_loop as loop
+
+    monkeypatch.setattr(loop, "_COMPILED_NEXT", set())  # as in a fresh process
     jax.clear_caches()
     with compilations() as compiled:
         out = specjax.speculative_generate(tiny_lm, close_draft, [[1, 2, 3, 4, 5]],

@@ -136,6 +136,11 @@ SCRIPT = textwrap.dedent("""
                                for b, x in zip(layouts, jax.tree.leaves(state))]
     results["rows split"] = list(state.lengths.sharding.spec)
     results["step compilations"] = len(compiled)
+    # speculative_generate on a mesh compiles its loop once: nothing is compiled ahead for
+    # layouts the prefill might not give (specjax.background_compile.placed_as_outputs).
+    with count_compilations() as compiled:
+        specjax.speculative_generate(sharded, draft, prompts, num_draft_tokens=2, **greedy)
+    results["loop compilations"] = sum("_speculative_loop" in name for name in compiled)
     refusals = []
     for make in (lambda: specjax_models.shard(build_lm(0), mesh_from_spec("model=8"),
                                               TENSOR_PARALLEL),
@@ -275,6 +280,7 @@ def test_a_stepped_state_keeps_its_layout_and_the_step_compiles_once(on_eight_de
     assert all(on_eight_devices["layouts kept"])
     assert on_eight_devices["rows split"] == ["data"]
     assert on_eight_devices["step compilations"] == 0
+    assert on_eight_devices["loop compilations"] == 1
 
 
 @pytest.mark.slow  # one process of its own on 8 devices: about 75 s

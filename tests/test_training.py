@@ -7,6 +7,7 @@ import pytest
 from conftest import build_lm
 
 from specjax import SamplingConfig, analysis, probabilities
+from specjax.testing import count_compilations
 from specjax.training import DistillConfig, TrainConfig, distill, train
 
 VOCAB = 32
@@ -90,3 +91,19 @@ def test_the_callers_model_stays_usable_after_training():
           progress=False)
     np.testing.assert_array_equal(np.asarray(jax.tree.leaves(lm.params)[0]), before)
     assert np.isfinite(np.asarray(lm.logits(jnp.ones((1, 4), jnp.int32)))).all()
+
+
+def test_the_training_step_compiles_once():
+    """The step's first inputs (a copy of the caller's model, a fresh optimizer state) are
+    placed as its outputs are, so the later steps take the first step's program. (A model
+    whose arrays are partly committed to their device, as a head initialised in parts is:
+    the first call would otherwise place the rest by them, a program of its own.)"""
+    lm = build_lm(23)
+    leaves, tree = jax.tree.flatten(lm.params)
+    leaves = [jax.device_put(x, jax.devices()[0]) if i % 2 else jnp.asarray(np.asarray(x))
+              for i, x in enumerate(leaves)]
+    lm = lm.with_params(jax.tree.unflatten(tree, leaves))
+    with count_compilations() as compiled:
+        train(lm, _periodic_batches, TrainConfig(steps=3, log_every=3, eval_every=3),
+              progress=False)
+    assert [name for name in compiled if "step_fn" in name] == ["jit(step_fn)"]

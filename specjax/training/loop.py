@@ -41,6 +41,14 @@ class TrainResult:
     heldout_bits_per_token: float | None
 
 
+def committed(tree):
+    """`tree` with every array committed to the device it is on. The step's outputs are
+    all committed; a first call whose inputs mix committed arrays with others (a head
+    initialised in parts, `optimizer.init`'s fresh counters) takes a program of its own,
+    and the second step would compile the whole step again (4 s of a CLI run on CPU)."""
+    return jax.tree.map(lambda x: x if x.committed else jax.device_put(x, x.sharding), tree)
+
+
 def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig,
          checkpoint_dir: Path | None, heldout: list[np.ndarray], label: str,
          progress: bool, max_seconds: float | None = None, aux=None,
@@ -67,6 +75,7 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
             history = checkpoints.read_history(checkpoint_dir, start)
             bar.note(f"resuming from step {start} of {config.steps} (checkpoints in "
                      f"{checkpoint_dir})")
+    params, opt_state = committed(params), committed(opt_state)
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def step_fn(params, opt_state, tokens, aux):
