@@ -115,3 +115,19 @@ def test_one_frozen_group_may_be_named_alone():
     assert OnlineConfig(frozen="embed").frozen == ("embed",)
     with pytest.raises(ValueError, match="group names"):
         OnlineConfig(frozen=[1])
+
+
+def test_an_update_compiles_once_for_a_draft_placed_on_a_device(tiny_lm, close_draft):
+    """A loaded draft's weights are committed to their device and optimizer.init's fresh
+    arrays are not: the update's state is committed from the start, so the second update
+    takes the first one's program."""
+    from specjax.testing import count_compilations
+
+    device = jax.devices()[0]
+    placed = close_draft.with_params(jax.device_put(close_draft.params, device))
+    distiller = OnlineDistiller(tiny_lm, placed, OnlineConfig(window=8))
+    distiller.observe([[1, 2, 3]], [[4, 5, 6, 7]])
+    with count_compilations() as compiled:
+        for _ in range(3):
+            distiller.update()
+    assert [name for name in compiled if "_update_step" in name] == ["jit(_update_step)"]

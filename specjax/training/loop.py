@@ -46,7 +46,8 @@ def committed(tree):
     all committed; a first call whose inputs mix committed arrays with others (a head
     initialised in parts, `optimizer.init`'s fresh counters) takes a program of its own,
     and the second step would compile the whole step again (4 s of a CLI run on CPU)."""
-    return jax.tree.map(lambda x: x if x.committed else jax.device_put(x, x.sharding), tree)
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding)
+                        if isinstance(x, jax.Array) and not x.committed else x, tree)
 
 
 def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig,

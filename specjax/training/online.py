@@ -36,6 +36,7 @@ from specjax.drafters.draft_model import DraftModel
 from specjax.inputs import pack_prompts
 from specjax.speculative_loop import SpeculativeOutput, speculative_generate
 from specjax.training.config import DIVERGENCES
+from specjax.training.loop import committed
 from specjax.training.losses import divergence_per_position
 
 
@@ -113,9 +114,13 @@ class OnlineDistiller:
                              f"groups: {sorted(params)})")
         self.target, self.config = target, config
         self._draft = draft
-        self._trainable, self._frozen = _split(params, config.frozen)
+        # Committed where they are, as the update's outputs are: else a loaded draft's
+        # weights beside optimizer.init's fresh arrays give the first update a program of
+        # its own, and the second compiles the update again.
+        trainable, self._frozen = _split(params, config.frozen)
+        self._trainable = committed(trainable)
         self._optimizer = optax.adam(config.learning_rate)
-        self._opt_state = self._optimizer.init(self._trainable)
+        self._opt_state = committed(self._optimizer.init(self._trainable))
         self._texts: deque[tuple[np.ndarray, int]] = deque(maxlen=config.buffer_size)
         self._rng = np.random.default_rng(seed)
         self.losses: list[float] = []
