@@ -136,10 +136,9 @@ def test_never_accepted_nodes_are_skipped_and_change_nothing():
         TREE.parents_array(ROWS), jnp.asarray(target_p(tokens), jnp.float32),
         jnp.asarray(qs, jnp.float32), max_depth=TREE.max_depth,
         max_branching=TREE.max_branching, never_accept_BN=jnp.asarray(skip))
-    path = np.asarray(out.path)
+    path, count, nxt = (np.asarray(x) for x in (out.path, out.num_accepted, out.next_token))
     assert not np.isin(path, [0, 3, 4, 6, 7]).any()  # node 0 and its subtree unreachable
-    emitted = [list(tokens[r, path[r, : int(out.num_accepted[r])]])
-               + [int(out.next_token[r])] for r in range(ROWS)]
+    emitted = [list(tokens[r, path[r, : count[r]]]) + [int(nxt[r])] for r in range(ROWS)]
     assert chi_square_pvalue(complete(emitted, rng), target_joint()) > 1e-3
 
 
@@ -164,10 +163,11 @@ def test_greedy_follows_the_target_argmax():
                              jnp.asarray(logits, jnp.float32), max_depth=TREE.max_depth,
                              max_branching=TREE.max_branching)
     depths = []
+    paths, counts, nexts = (np.asarray(x) for x in (out.path, out.num_accepted, out.next_token))
     for b in range(batch):
         path, best = reference_greedy(tokens[b], logits[b])
-        count = int(out.num_accepted[b])
-        assert np.asarray(out.path)[b, :count].tolist() == path and int(out.next_token[b]) == best
+        count = int(counts[b])
+        assert paths[b, :count].tolist() == path and int(nexts[b]) == best
         depths.append(count)
     assert max(depths) >= 2 and min(depths) == 0
 
