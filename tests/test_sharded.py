@@ -141,6 +141,29 @@ SCRIPT = textwrap.dedent("""
     with count_compilations() as compiled:
         specjax.speculative_generate(sharded, draft, prompts, num_draft_tokens=2, **greedy)
     results["loop compilations"] = sum("_speculative_loop" in name for name in compiled)
+    # Training and online distillation of models on the mesh: optimizer.init's fresh
+    # counters beside the weights (committed to one device, jit refused them beside the
+    # mesh's arrays), the losses as on one device, each step and update compiled once.
+    from specjax.training.config import TrainConfig
+    from specjax.training.loop import train
+    from specjax.training.online import OnlineConfig, OnlineDistiller
+    windows = np.asarray([[1 + (3 * r + i) % 30 for i in range(8)] for r in range(4)],
+                         np.int32)
+    trained = {}
+    for name, model, draft_model in (
+            ("one device", lm, draft),
+            ("mesh", sharded, specjax_models.shard(draft, mesh_from_spec("data=2,model=4"),
+                                                   DATA_AND_TENSOR))):
+        with count_compilations() as compiled:
+            result = train(model, lambda step: windows,
+                           TrainConfig(steps=3, warmup_steps=1), progress=False)
+            distiller = OnlineDistiller(model, draft_model, OnlineConfig(window=8))
+            distiller.observe([[1, 2, 3]], [[4, 5, 6, 7]])
+            losses = [distiller.update() for _ in range(2)]
+        trained[name] = [result.history[-1]["loss"], *losses,
+                         sum("step_fn" in n for n in compiled),
+                         sum("_update_step" in n for n in compiled)]
+    results["trained"] = trained
     refusals = []
     for make in (lambda: specjax_models.shard(build_lm(0), mesh_from_spec("model=8"),
                                               TENSOR_PARALLEL),
@@ -281,6 +304,16 @@ def test_a_stepped_state_keeps_its_layout_and_the_step_compiles_once(on_eight_de
     assert on_eight_devices["rows split"] == ["data"]
     assert on_eight_devices["step compilations"] == 0
     assert on_eight_devices["loop compilations"] == 1
+
+
+@pytest.mark.slow  # one process of its own on 8 devices: about 75 s
+def test_models_on_a_mesh_train_and_distil_as_on_one_device(on_eight_devices):
+    """`train` and `OnlineDistiller` on a sharded model and draft: the optimizer's fresh
+    state is placed beside the weights on the mesh (not on one device, which jit refuses),
+    the losses are one device's, and each step or update compiles once."""
+    one, mesh = on_eight_devices["trained"]["one device"], on_eight_devices["trained"]["mesh"]
+    np.testing.assert_allclose(mesh[:3], one[:3], rtol=1e-4)
+    assert mesh[3:] == one[3:] == [1, 1]
 
 
 @pytest.mark.slow  # one process of its own on 8 devices: about 75 s

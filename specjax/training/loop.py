@@ -42,11 +42,27 @@ class TrainResult:
 
 
 def committed(tree):
-    """`tree` with every array committed to the device it is on. The step's outputs are
-    all committed; a first call whose inputs mix committed arrays with others (a head
-    initialised in parts, `optimizer.init`'s fresh counters) takes a program of its own,
-    and the second step would compile the whole step again (4 s of a CLI run on CPU)."""
-    return jax.tree.map(lambda x: jax.device_put(x, x.sharding)
+    """`tree` with its uncommitted arrays committed where its committed ones are. The
+    step's outputs are all committed; a first call whose inputs mix committed arrays with
+    others (a head initialised in parts, `optimizer.init`'s fresh counters beside loaded
+    weights) takes a program of its own, and the second step would compile the whole step
+    again (4 s of a CLI run on CPU). Beside weights on one device the others go to that
+    device; beside weights on a mesh they are replicated over it (committed to one device
+    they would be refused by jit beside the mesh's arrays); with nothing committed, or
+    committed arrays on different devices (which jit refuses by name), `tree` is returned
+    as it is."""
+    arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+    placements = {frozenset(x.sharding.device_set): x.sharding for x in arrays if x.committed}
+    if len(placements) != 1 or all(x.committed for x in arrays):
+        return tree
+    devices, sharding = next(iter(placements.items()))
+    if len(devices) == 1:
+        target = jax.sharding.SingleDeviceSharding(next(iter(devices)))
+    elif isinstance(sharding, jax.sharding.NamedSharding):
+        target = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    else:
+        return tree
+    return jax.tree.map(lambda x: jax.device_put(x, target)
                         if isinstance(x, jax.Array) and not x.committed else x, tree)
 
 
@@ -76,7 +92,7 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
             history = checkpoints.read_history(checkpoint_dir, start)
             bar.note(f"resuming from step {start} of {config.steps} (checkpoints in "
                      f"{checkpoint_dir})")
-    params, opt_state = committed(params), committed(opt_state)
+    params, opt_state = committed((params, opt_state))
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def step_fn(params, opt_state, tokens, aux):

@@ -118,9 +118,9 @@ class OnlineDistiller:
         # weights beside optimizer.init's fresh arrays give the first update a program of
         # its own, and the second compiles the update again.
         trainable, self._frozen = _split(params, config.frozen)
-        self._trainable = committed(trainable)
         self._optimizer = optax.adam(config.learning_rate)
-        self._opt_state = committed(self._optimizer.init(self._trainable))
+        self._trainable, self._opt_state = committed(
+            (trainable, self._optimizer.init(trainable)))
         self._texts: deque[tuple[np.ndarray, int]] = deque(maxlen=config.buffer_size)
         self._rng = np.random.default_rng(seed)
         self.losses: list[float] = []
