@@ -205,13 +205,15 @@ def test_traverse_output_is_exact():
     target, draft = random_model(9, 1.5), random_model(109, 1.5)
     trees = list(all_trees(shape, draft, "without replacement"))
     walk = traced(shape, target, trees, "without replacement")
+    weight, residual, order = (np.asarray(x) for x in (walk.weight, walk.residual,
+                                                        walk.order))
     by_tree = {}
     for row, (tokens, _, _) in enumerate(trees):
-        by_tree[tokens] = {node: (float(walk.weight[row, node + 1]),
-                                  np.asarray(walk.residual[row, node + 1], np.float64),
-                                  int(walk.order[row, node + 1]))
+        by_tree[tokens] = {node: (float(weight[row, node + 1]),
+                                  np.asarray(residual[row, node + 1], np.float64),
+                                  int(order[row, node + 1]))
                            for node in range(-1, shape.num_nodes)
-                           if int(walk.order[row, node + 1]) >= 0}
+                           if int(order[row, node + 1]) >= 0}
     got = output_distribution(shape, target, draft, "without replacement",
                               lambda tokens, qs: by_tree[tokens], 4)
     assert total_variation(got, target_distribution(target, 4)) < 1e-5
