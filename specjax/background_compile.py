@@ -27,6 +27,8 @@ from typing import TypeVar
 
 import jax
 
+from specjax.sharding import committed_shardings
+
 Result = TypeVar("Result")
 
 
@@ -64,15 +66,12 @@ def placed_as_outputs(shapes, args):
     device's, and with no committed argument they stay unplaced, as the shapes are. On a
     mesh the compiler chooses the outputs' layouts: None, and the caller compiles nothing
     ahead (a program lowered for other layouts would never be used)."""
-    devices = set()
-    for leaf in jax.tree.leaves(args):
-        if isinstance(leaf, jax.Array) and leaf.committed:
-            devices |= leaf.sharding.device_set
+    devices = frozenset().union(*committed_shardings(args))
     if not devices:
         return shapes
     if len(devices) > 1:
         return None
-    sharding = jax.sharding.SingleDeviceSharding(devices.pop())
+    sharding = jax.sharding.SingleDeviceSharding(next(iter(devices)))
     return jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape.shape, shape.dtype,
                                                            sharding=sharding,
                                                            weak_type=shape.weak_type),

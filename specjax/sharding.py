@@ -191,6 +191,37 @@ def pin_rows(tree, lm, batch: int):
     return jax.tree.map(pin, tree)
 
 
+def committed_shardings(tree) -> dict[frozenset, jax.sharding.Sharding]:
+    """The shardings of `tree`'s committed arrays, one per set of devices they span. A
+    jitted call's outputs are committed where its committed arguments are, and jit
+    refuses committed arguments on different sets of devices."""
+    return {frozenset(x.sharding.device_set): x.sharding for x in jax.tree.leaves(tree)
+            if isinstance(x, jax.Array) and x.committed}
+
+
+def commit_beside_weights(tree):
+    """`tree` with its uncommitted arrays committed where its committed ones are: on their
+    device, or replicated over their mesh (committed to one device, jit would refuse them
+    beside the mesh's arrays). A jitted step's outputs are all committed; a first call
+    whose inputs mix committed arrays with others (`optimizer.init`'s fresh counters
+    beside loaded weights, a head initialised in parts) takes a program of its own, and
+    the second call compiles the whole step again. With nothing committed, or committed
+    arrays on different sets of devices (which jit refuses by name), `tree` is returned
+    as it is."""
+    placements = committed_shardings(tree)
+    if len(placements) != 1:
+        return tree
+    (devices, sharding), = placements.items()
+    if len(devices) == 1:
+        target = jax.sharding.SingleDeviceSharding(next(iter(devices)))
+    elif isinstance(sharding, NamedSharding):
+        target = NamedSharding(sharding.mesh, PartitionSpec())
+    else:
+        return tree
+    return jax.tree.map(lambda x: jax.device_put(x, target)
+                        if isinstance(x, jax.Array) and not x.committed else x, tree)
+
+
 def mesh_from_spec(spec: str | Mapping[str, int], devices=None) -> Mesh:
     """A mesh from "data=2,model=4" (or {"data": 2, "model": 4}) over `devices` (default:
     all of them); the sizes must multiply to the number of devices."""

@@ -2,6 +2,7 @@
 string, and refusals that name what does not fit (8-device runs: tests/test_sharded.py)."""
 
 import jax
+import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec
 
@@ -11,6 +12,8 @@ from specjax.sharding import (
     TENSOR_PARALLEL,
     ShardingRules,
     check_mesh,
+    commit_beside_weights,
+    committed_shardings,
     mesh_from_spec,
     model_placement,
     named_sharding,
@@ -70,3 +73,19 @@ def test_a_model_on_one_device_has_no_placement_and_its_rows_are_left_alone(tiny
     assert model_placement(tiny_lm) is None
     tree = {"lengths": jax.numpy.zeros(4, "int32")}
     assert pin_rows(tree, tiny_lm, 4) is tree
+
+
+def test_fresh_arrays_are_committed_beside_the_weights():
+    """Beside weights committed to a device, uncommitted arrays (optimizer.init's fresh
+    counters) go to that device; with nothing committed the tree is left as it is (the
+    mesh's case, replicated over it: tests/test_sharded.py)."""
+    device = jax.devices()[0]
+    weights, counter = jax.device_put(jnp.ones((2, 3)), device), jnp.zeros((), jnp.int32)
+    assert not counter.committed and set(committed_shardings((weights, counter))) == {
+        frozenset({device})}
+    placed_weights, placed_counter = commit_beside_weights((weights, counter))
+    assert placed_weights is weights and placed_counter.committed
+    assert placed_counter.sharding.device_set == {device}
+    fresh = (jnp.ones(3), counter)
+    assert committed_shardings(fresh) == {}
+    assert all(a is b for a, b in zip(commit_beside_weights(fresh), fresh, strict=True))

@@ -22,6 +22,7 @@ import optax
 from specjax.autoregressive import generate
 from specjax.causal_lm import CausalLM
 from specjax.sampling import SamplingConfig
+from specjax.sharding import commit_beside_weights
 from specjax.training import checkpoints
 from specjax.training.config import DistillConfig, TrainConfig
 from specjax.training.losses import distill_loss, next_token_loss
@@ -39,31 +40,6 @@ class TrainResult:
     history: list
     heldout_loss: float | None
     heldout_bits_per_token: float | None
-
-
-def committed(tree):
-    """`tree` with its uncommitted arrays committed where its committed ones are. The
-    step's outputs are all committed; a first call whose inputs mix committed arrays with
-    others (a head initialised in parts, `optimizer.init`'s fresh counters beside loaded
-    weights) takes a program of its own, and the second step would compile the whole step
-    again (4 s of a CLI run on CPU). Beside weights on one device the others go to that
-    device; beside weights on a mesh they are replicated over it (committed to one device
-    they would be refused by jit beside the mesh's arrays); with nothing committed, or
-    committed arrays on different devices (which jit refuses by name), `tree` is returned
-    as it is."""
-    arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
-    placements = {frozenset(x.sharding.device_set): x.sharding for x in arrays if x.committed}
-    if len(placements) != 1 or all(x.committed for x in arrays):
-        return tree
-    devices, sharding = next(iter(placements.items()))
-    if len(devices) == 1:
-        target = jax.sharding.SingleDeviceSharding(next(iter(devices)))
-    elif isinstance(sharding, jax.sharding.NamedSharding):
-        target = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
-    else:
-        return tree
-    return jax.tree.map(lambda x: jax.device_put(x, target)
-                        if isinstance(x, jax.Array) and not x.committed else x, tree)
 
 
 def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig,
@@ -92,7 +68,7 @@ def _run(lm: CausalLM, loss_of: Callable, batches: Callable, config: TrainConfig
             history = checkpoints.read_history(checkpoint_dir, start)
             bar.note(f"resuming from step {start} of {config.steps} (checkpoints in "
                      f"{checkpoint_dir})")
-    params, opt_state = committed((params, opt_state))
+    params, opt_state = commit_beside_weights((params, opt_state))
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def step_fn(params, opt_state, tokens, aux):

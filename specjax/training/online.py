@@ -34,9 +34,9 @@ from jax import Array
 from specjax.causal_lm import CausalLM, full_logits
 from specjax.drafters.draft_model import DraftModel
 from specjax.inputs import pack_prompts
+from specjax.sharding import commit_beside_weights
 from specjax.speculative_loop import SpeculativeOutput, speculative_generate
 from specjax.training.config import DIVERGENCES
-from specjax.training.loop import committed
 from specjax.training.losses import divergence_per_position
 
 
@@ -119,7 +119,7 @@ class OnlineDistiller:
         # its own, and the second compiles the update again.
         trainable, self._frozen = _split(params, config.frozen)
         self._optimizer = optax.adam(config.learning_rate)
-        self._trainable, self._opt_state = committed(
+        self._trainable, self._opt_state = commit_beside_weights(
             (trainable, self._optimizer.init(trainable)))
         self._texts: deque[tuple[np.ndarray, int]] = deque(maxlen=config.buffer_size)
         self._rng = np.random.default_rng(seed)
