@@ -3,6 +3,7 @@
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,12 +69,31 @@ def skip_module_without(*names: str) -> None:
         pytest.skip(f"needs {', '.join(missing)} (the test extras)", allow_module_level=True)
 
 
-def subprocess_env(*xla_flags: str, **variables: str) -> dict:
+def subprocess_env(*xla_flags: str, real_checkpoint: bool = False, **variables: str) -> dict:
     """This process's environment for a subprocess with more XLA flags (e.g. a virtual
     device count): the fast-compile flags above are kept, as every test process has them
-    (dropping them tripled the 8-device test's time)."""
-    flags = " ".join([os.environ.get("XLA_FLAGS", ""), *xla_flags]).strip()
-    return {**os.environ, "XLA_FLAGS": flags, **variables}
+    (dropping them tripled the 8-device test's time). `real_checkpoint`: the subprocess
+    decodes SmolLM2 (135M parameters, 30 layers) in a run that gains from compiling at
+    XLA's optimisation level 1 (`REAL_CHECKPOINT_LEVEL`, where the measurements are)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if real_checkpoint:
+        flags = re.sub(r"--xla_backend_optimization_level=\d+", "", flags)
+        xla_flags = (REAL_CHECKPOINT_LEVEL, *xla_flags)
+    flags = " ".join([flags, *xla_flags]).split()
+    return {**os.environ, "XLA_FLAGS": " ".join(flags), **variables}
+
+
+# Some runs of a real checkpoint decode long enough that optimised code pays for its
+# compile. Measured on 2 CPU cores, each run from an empty compilation cache, -O0 against
+# level 1: SmolLM2's `generate --model smollm2 --drafter eagle3` (32 tokens) 24.4 -> 9.9 s;
+# `chat --drafter model --adapt` (the draft trained after each reply) 49.1, 46.3 -> 37.9,
+# 36.1 s; tests/test_cli_generate.py's five SmolLM2 runs 84 -> 60 s. Not everywhere, so
+# tests opt in run by run: the default chat (11.3, 9.7 -> 8.9, 10.2 s) and the sharded
+# test's pair (19.8, 18.7 -> 19.5, 18.1 s) are a wash, and the chat drafting by retrieval
+# (17.1, 14.4 -> 20.9, 25.2 s), the bundled pair's `generate --drafter model` (6.5, 6.0 ->
+# 8.9, 8.1 s) and SmolLM2 decoded in the test process with its 30 layers unrolled (the
+# checkpoints page 49.5 -> 86.8 s, the GGUF conformance test 37.7 -> 48.9 s) lose.
+REAL_CHECKPOINT_LEVEL = "--xla_backend_optimization_level=1"
 
 
 # Converted models go to a cache of this run's own (models/model_cache.py), not the user's:
@@ -328,8 +348,15 @@ def assert_trees_follow_offsets(drafter, state, context, argmax) -> None:
     assert argmax[0] in np.asarray(grown.tokens[0])[np.asarray(depths) == 1]
 
 
-def run_cli(*args, timeout: float = 240, input: str | None = None, env=None):
-    """`python -m specjax.cli ARGS` in a subprocess, its output captured as text."""
+def run_cli(*args, timeout: float = 240, input: str | None = None, env=None,
+            real_checkpoint: bool = False):
+    """`python -m specjax.cli ARGS` in a subprocess, its output captured as text.
+    `real_checkpoint`: a SmolLM2 run that compiles at `REAL_CHECKPOINT_LEVEL` (with
+    `env`, pass `subprocess_env(..., real_checkpoint=True)` instead)."""
+    if real_checkpoint:
+        if env is not None:
+            raise ValueError("pass env=subprocess_env(..., real_checkpoint=True) instead")
+        env = subprocess_env(real_checkpoint=True)
     return subprocess.run([sys.executable, "-m", "specjax.cli", *args], capture_output=True,
                           text=True, timeout=timeout, input=input, env=env)
 

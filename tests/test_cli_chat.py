@@ -47,7 +47,7 @@ def test_chat_adapts_its_draft_after_each_reply():
     smollm2_or_skip()
     chat = run_cli("chat", "--color", "never", "--max-new-tokens", "16", "--drafter", "model",
                    "--adapt", "--temperature", "0", input="Hi!\nWhat is 2 + 2?\n",
-                   timeout=600)
+                   timeout=600, real_checkpoint=True)
     assert chat.returncode == 0, chat.stderr
     assert chat.stderr.count("[draft adapted to this chat: loss") == 2
     assert chat.stderr.count("tokens per target forward") == 2

@@ -118,9 +118,10 @@ def test_smollm2_from_the_command_line():
     Kangaroo adapter and the shipped layer draft."""
     smollm2_or_skip()
     question = "List the days of the week."
-    spec = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32")
+    spec = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32",
+                   real_checkpoint=True)
     plain = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32",
-                "--no-speculation")
+                "--no-speculation", real_checkpoint=True)
     assert spec.returncode == 0, spec.stderr
     assert plain.returncode == 0, plain.stderr
     spec_out, plain_out = json.loads(spec.stdout), json.loads(plain.stdout)
@@ -128,19 +129,20 @@ def test_smollm2_from_the_command_line():
     assert spec_out["stats"]["draft_forwards"] == [0]  # prompt lookup
     # The shipped EAGLE-3 head: the same tokens, drafted by the head.
     head = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32",
-               "--drafter", "eagle3", "--num-draft-tokens", "3")
+               "--drafter", "eagle3", "--num-draft-tokens", "3", real_checkpoint=True)
     assert head.returncode == 0, head.stderr
     head_out = json.loads(head.stdout)
     assert head_out["tokens"] == plain_out["tokens"] and head_out["stats"]["draft_forwards"][0]
     # The shipped Kangaroo adapter over SmolLM2's first 2 blocks, its early exit lowered.
     early = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens",
-                    "32", "--drafter", "kangaroo", "--min-confidence", "0.3")
+                    "32", "--drafter", "kangaroo", "--min-confidence", "0.3",
+                    real_checkpoint=True)
     assert early.returncode == 0, early.stderr
     early_out = json.loads(early.stdout)
     assert early_out["tokens"] == plain_out["tokens"] and early_out["stats"]["draft_forwards"][0]
     # The shipped distilled layer draft (--drafter model): the same tokens again.
     draft = run_cli("generate", question, "--model", "smollm2", "--json", "--max-new-tokens", "32",
-                "--drafter", "model", "--num-draft-tokens", "3")
+                "--drafter", "model", "--num-draft-tokens", "3", real_checkpoint=True)
     assert draft.returncode == 0, draft.stderr
     draft_out = json.loads(draft.stdout)
     assert draft_out["tokens"] == plain_out["tokens"] and draft_out["stats"]["draft_forwards"][0]
