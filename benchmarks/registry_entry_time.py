@@ -1,0 +1,63 @@
+"""Where one entry of the exactness registry spends its time: its chi-square call
+(tests/test_exactness.py, `speculative_joint_pvalues` over 36,256 rows) made twice in one
+process, the first call making its programs, the second only decoding.
+
+    python -m benchmarks.registry_entry_time "draft model, chain, sampled"
+    python -m benchmarks.registry_entry_time "draft model, dynamic tree, top-k" --level 1
+
+Run from the repository root. The process takes the test suite's XLA settings
+(tests/conftest.py: -O0 and the rest); `--level` compiles the entry's decoder at another
+optimisation level. Prints each call's seconds and the p-values (identical across levels:
+the same draws).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("entry", help="a name in tests/test_exactness.py's ENTRIES")
+    parser.add_argument("--level", type=int, choices=(0, 1, 2, 3), default=None,
+                        help="XLA backend optimisation level of the entry's decoder "
+                             "(default: the harness's own choice)")
+    parser.add_argument("--calls", type=int, default=2, help="calls in this process")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(TESTS))
+    import conftest  # noqa: F401  (the test suite's XLA flags, set before jax starts)
+    import test_exactness as registry
+    from conftest import build_lm
+
+    import specjax.testing as harness
+    from specjax.testing import perturbed
+
+    if args.entry not in registry.ENTRIES:
+        parser.error(f"no entry {args.entry!r}; the entries: {sorted(registry.ENTRIES)}")
+    entry = registry.ENTRIES[args.entry]
+    micro = build_lm(3, vocab_size=8, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1,
+                     d_ff=32, max_seq_len=64)  # tests/conftest.py's micro_lm and its draft
+    close = perturbed(micro, 0.1, seed=2)
+    settings = [registry.GREEDY] + [registry.SAMPLINGS[s] for s in entry.stat_samplings]
+    options = {}
+    if args.level is not None:
+        harness.HARNESS_CPU_COMPILER_OPTIONS = {}
+        options = {"xla_backend_optimization_level": args.level}
+    for call in range(args.calls):
+        start = time.perf_counter()
+        with harness.compiler_options(**options):
+            pvalues, _ = harness.speculative_joint_pvalues(
+                micro, entry.make(close, micro), list(entry.stat_prompt), settings,
+                num_draft_tokens=entry.num_draft_tokens, rows_per_setting=registry.STAT_ROWS,
+                seed=200, tree=entry.tree, verification=entry.verification)
+        print(f"call {call}: {time.perf_counter() - start:.2f} s, p-values "
+              f"{[round(float(p), 3) for p in pvalues]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
