@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(TESTS))
     import conftest  # noqa: F401  (the test suite's XLA flags, set before jax starts)
     import test_exactness as registry
-    from conftest import build_lm
+    from conftest import MICRO, build_lm
 
     import specjax.testing as harness
     from specjax.testing import perturbed
@@ -40,8 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.entry not in registry.ENTRIES:
         parser.error(f"no entry {args.entry!r}; the entries: {sorted(registry.ENTRIES)}")
     entry = registry.ENTRIES[args.entry]
-    micro = build_lm(3, vocab_size=8, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1,
-                     d_ff=32, max_seq_len=64)  # tests/conftest.py's micro_lm and its draft
+    micro = build_lm(3, **MICRO)  # tests/conftest.py's micro_lm and its close draft
     close = perturbed(micro, 0.1, seed=2)
     settings = [registry.GREEDY] + [registry.SAMPLINGS[s] for s in entry.stat_samplings]
     options = {}

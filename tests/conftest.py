@@ -170,11 +170,15 @@ def tiny_lm() -> specjax.CausalLM:
     return build_lm(0)
 
 
+# The statistical tests' model shape: cheap enough for thousands of rows per call.
+MICRO = dict(vocab_size=8, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1, d_ff=32,
+             max_seq_len=64)
+
+
 @pytest.fixture(scope="session")
 def micro_lm() -> specjax.CausalLM:
     """A vocab-8 model for statistical tests: cheap enough for thousands of rows per call."""
-    return build_lm(3, vocab_size=8, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1,
-                    d_ff=32, max_seq_len=64)
+    return build_lm(3, **MICRO)
 
 
 @pytest.fixture(scope="session")
@@ -201,8 +205,7 @@ def micro_drafts(micro_lm) -> dict:
 
     from specjax.testing import perturbed
 
-    far = build_lm(11, vocab_size=8, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1,
-                   d_ff=32, max_seq_len=64)
+    far = build_lm(11, **MICRO)
     far = far.with_params(jax.tree.map(lambda x: 3.0 * x, far.params))  # sharper, elsewhere
     return {"close": perturbed(micro_lm, 0.1, seed=2), "far": far}
 
