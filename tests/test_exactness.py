@@ -446,14 +446,21 @@ STAT_CASES = [pytest.param(name, marks=pytest.mark.slow) if ENTRIES[name].slow_s
               else name for name in sorted(ENTRIES)]
 
 
+def chi_square_call(name: str, micro_lm, close_draft):
+    """Entry `name`'s one batched call: the p-values of its settings (the greedy group's
+    first) and the output (also timed by benchmarks/registry_entry_time.py)."""
+    entry = ENTRIES[name]
+    settings = [GREEDY] + [SAMPLINGS[s] for s in entry.stat_samplings]
+    return speculative_joint_pvalues(
+        micro_lm, entry.make(close_draft, micro_lm), list(entry.stat_prompt),
+        settings, num_draft_tokens=entry.num_draft_tokens, rows_per_setting=STAT_ROWS,
+        seed=200, tree=entry.tree, verification=entry.verification)
+
+
 @pytest.mark.parametrize("name", STAT_CASES)
 def test_sampled_output_follows_the_target(micro_lm, micro_drafts, name):
     entry = ENTRIES[name]
-    settings = [GREEDY] + [SAMPLINGS[s] for s in entry.stat_samplings]
-    pvalues, out = speculative_joint_pvalues(
-        micro_lm, entry.make(micro_drafts["close"], micro_lm), list(entry.stat_prompt),
-        settings, num_draft_tokens=entry.num_draft_tokens, rows_per_setting=STAT_ROWS,
-        seed=200, tree=entry.tree, verification=entry.verification)
+    pvalues, out = chi_square_call(name, micro_lm, micro_drafts["close"])
     assert pvalues[0] == 1.0, "the greedy rows left the greedy continuation"
     for setting, pvalue in zip(entry.stat_samplings, pvalues[1:], strict=True):
         assert pvalue > 1e-3, (setting, pvalue, out.stats.acceptance_rate)
