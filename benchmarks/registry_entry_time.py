@@ -7,8 +7,9 @@ process, the first call making its programs, the second only decoding.
 
 Run from the repository root. The process takes the test suite's XLA settings
 (tests/conftest.py: -O0 and the rest); `--level` compiles the entry's decoder at another
-optimisation level. Prints each call's seconds and the p-values (identical across levels:
-the same draws).
+optimisation level. Prints each call's seconds, the programs it made (JAX's tracing,
+lowering and XLA backend seconds; a call that finds its programs compiled makes none) and
+the p-values (identical across levels: the same draws).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     from conftest import MICRO, build_lm
 
     import specjax.testing as harness
+    from benchmarks.suite_profile import CompileEvents
     from specjax.testing import perturbed
 
     if args.entry not in registry.ENTRIES:
@@ -47,12 +49,19 @@ def main(argv: list[str] | None = None) -> None:
         # The harness's own block (level 1 for trees) would override this process's.
         harness.HARNESS_CPU_COMPILER_OPTIONS = {}
         options = {"xla_backend_optimization_level": args.level}
+    events = CompileEvents().start()
     for call in range(args.calls):
+        before = events.snapshot()
         start = time.perf_counter()
         with harness.compiler_options(**options):
             pvalues, _ = registry.chi_square_call(args.entry, micro, close)
-        print(f"call {call}: {time.perf_counter() - start:.2f} s, p-values "
-              f"{[round(float(p), 3) for p in pvalues]}", flush=True)
+        seconds = time.perf_counter() - start
+        made = events.snapshot() - before  # this call's compile events only
+        print(f"call {call}: {seconds:.2f} s ({made['programs']} programs made: trace "
+              f"{made['trace']:.2f} s, lowering {made['lowering']:.2f} s, backend "
+              f"{made['backend']:.2f} s), p-values {[round(float(p), 3) for p in pvalues]}",
+              flush=True)
+    events.stop()
 
 
 if __name__ == "__main__":

@@ -29,5 +29,7 @@ def test_an_entry_is_timed_and_its_pvalues_printed():
     assert done.returncode == 0, done.stderr
     line = done.stdout.strip().splitlines()[-1]
     assert line.startswith("call 0: ") and "p-values [1.0, " in line
+    made = line.split("(")[1].split(")")[0]  # "N programs made: trace T s, ..."
+    assert int(made.split()[0]) > 0 and float(made.split("backend ")[1].split()[0]) > 0
     pvalues = [float(p) for p in line.split("[")[1].rstrip("]").split(",")]
     assert len(pvalues) == 4 and all(p > 1e-3 for p in pvalues)
