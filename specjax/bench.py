@@ -28,18 +28,20 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
+import re
+import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax.autoregressive import generate
+from specjax.bench_journal import Journal
 from specjax.bench_prompts import BenchPrompt
-from specjax.bench_report import BenchReport, summarise
+from specjax.bench_report import OVERALL, BenchReport, summarise
 from specjax.causal_lm import CausalLM
+from specjax.fingerprints import hash_arrays, params_fingerprint
 from specjax.inputs import bucket, plan_capacity
 from specjax.sampling import GREEDY, SamplingConfig, sampling_params
 from specjax.speculative_loop import (
@@ -50,6 +52,7 @@ from specjax.speculative_loop import (
 )
 from specjax.step import propose
 from specjax.timing import forward_timer, wall_seconds
+from specjax.verification import verification_name
 
 PLAIN = "plain"
 
@@ -136,19 +139,37 @@ def _counts(out) -> dict:
         "accepted": int(stats.accepted.sum()), "verification": stats.verification}
 
 
+def unit_shape(prompts: Sequence[BenchPrompt], unit: Sequence[int]) -> tuple[int, int]:
+    """The decoders' input shape for a unit: (rows, the longest prompt's bucket)."""
+    return len(unit), bucket(max(len(prompts[i].ids) for i in unit))
+
+
+def check_categories(prompts: Sequence[BenchPrompt]) -> None:
+    """A category named like the all-prompts group would be hidden by it: refused."""
+    categories = {p.category for p in prompts}
+    if OVERALL in categories and len(categories) > 1:
+        clashing = [p.name for p in prompts if p.category == OVERALL][:3]
+        raise ValueError(f"prompts {', '.join(map(repr, clashing))} have the category "
+                         f"{OVERALL!r}, the name of the report's all-prompts rows: rename "
+                         "that category (e.g. 'overall questions')")
+
+
 def measure_unit(target: CausalLM, methods: Sequence[BenchMethod],
-                 prompts: Sequence[BenchPrompt], settings: _Settings, compiled: set) -> dict:
+                 prompts: Sequence[BenchPrompt], settings: _Settings, compiled: dict) -> dict:
     """One unit: compile what is new, `reps` alternating rounds, the median seconds, the
     tokens and counts of each method, and (greedy) the rows whose tokens left plain
-    decoding's."""
+    decoding's. `compiled`: (method name, shape) -> "here" (compiled in this process; no
+    warm-up) or "journal" (warmed up, its compile seconds already in a resumed unit)."""
     ids = [list(p.ids) for p in prompts]
     calls = {m.name: functools.partial(_decode, target, m, ids, settings) for m in methods}
     record = {m.name: {"compile_seconds": 0.0, "seconds": []} for m in methods}
     shape = (len(ids), bucket(max(map(len, ids))))
     for name, call in calls.items():
-        if (name, shape) not in compiled:  # a 1-token request with the same shapes
-            record[name]["compile_seconds"] = wall_seconds(lambda c=call: c(1))[1]
-            compiled.add((name, shape))
+        if compiled.get((name, shape)) != "here":  # a 1-token request with the same shapes
+            seconds = wall_seconds(lambda c=call: c(1))[1]
+            # A resumed run warms up again; the journal's unit already holds the seconds.
+            record[name]["compile_seconds"] = seconds if (name, shape) not in compiled else 0.0
+            compiled[(name, shape)] = "here"
     outputs = {}
     for _ in range(settings.reps):
         for name, call in calls.items():
@@ -230,50 +251,60 @@ def measure_costs(target: CausalLM, method: BenchMethod, ids: list[list[int]],
             "forward_seconds": {str(w): s for w, s in seconds.items()}}
 
 
-def _fingerprint(target, methods, prompts, settings) -> str:
-    """What a journal must match to be resumed: the settings, the methods, the prompts."""
-    described = {"settings": repr(settings), "methods": [repr(m) for m in methods],
-                 "prompts": [(p.ids, p.category, p.name) for p in prompts],
-                 "target": [(str(x.shape), str(x.dtype)) for x in jax.tree.leaves(target.params)]}
-    return hashlib.sha256(json.dumps(described, default=str).encode()).hexdigest()
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()
 
 
-def _read_journal(path: Path, fingerprint: str) -> tuple[dict, dict]:
-    units, costs = {}, {}
-    lines = path.read_text().splitlines()
-    if not lines or json.loads(lines[0]).get("fingerprint") != fingerprint:
-        raise ValueError(f"the journal {path} was written by a different run (other "
-                         "methods, prompts, model or settings); delete it, or run without "
-                         "resume to start afresh")
-    for line in lines[1:]:
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            break  # the line a killed run was writing
-        if "unit" in entry:
-            units[entry["unit"]] = entry["record"]
-        elif "costs" in entry:
-            costs[entry["method"]] = entry["costs"]
-    return units, costs
+def describe_drafter(drafter) -> dict:
+    """A drafter as a journal's fingerprint sees it: its class, its static settings and
+    the content of its weights (a model inside it by `params_fingerprint`, remembered)."""
+    leaves, structure = jax.tree_util.tree_flatten(
+        drafter, is_leaf=lambda x: isinstance(x, CausalLM))
+    return {"type": f"{type(drafter).__module__}.{type(drafter).__qualname__}",
+            # Static settings as jax sees them, without object addresses (new each process).
+            "structure": re.sub(r" at 0x[0-9a-fA-F]+", "", str(structure)),
+            "weights": [params_fingerprint(x) if isinstance(x, CausalLM) else hash_arrays(x)
+                        for x in leaves]}
 
 
-def _append(path: Path, entry: dict) -> None:
-    with open(path, "a") as journal:
-        journal.write(json.dumps(entry) + "\n")
-        journal.flush()
-        os.fsync(journal.fileno())
+def fingerprint(target, methods, prompts, settings) -> dict:
+    """What a journal must match to be resumed, as a header: a digest of each part (the
+    target's weights and sizes, each method's drafter and settings, the prompts, the
+    run's settings: sampling, K, the verification rule, new tokens, batch, seed) and of
+    all of them."""
+    parts = {
+        "target": _digest({"weights": params_fingerprint(target),
+                           "vocab_size": target.vocab_size,
+                           "max_seq_len": target.max_seq_len,
+                           "shapes": [(str(x.shape), str(x.dtype))
+                                      for x in jax.tree.leaves(target.params)]}),
+        "methods": _digest([{"name": m.name, "num_draft_tokens": m.num_draft_tokens,
+                             "tree": repr(m.tree), "verification": None
+                             if m.verification is None else verification_name(
+                                 m.verification)} for m in methods]),
+        "drafters": _digest([None if m.drafter is None else describe_drafter(m.drafter)
+                             for m in methods]),
+        "prompts": _digest([(p.ids, p.category, p.name) for p in prompts]),
+        "settings": _digest(repr(settings)),
+    }
+    return {"fingerprint": _digest(parts), "parts": parts}
 
 
 def run(target: CausalLM, methods: Sequence[BenchMethod], prompts: Sequence[BenchPrompt], *,
         max_new_tokens: int, sampling: SamplingConfig = GREEDY, batch_size: int = 1,
         reps: int = 3, seed: int = 0, eos_id=None, journal=None, resume: bool = False,
         progress: Callable[[int, int, dict], None] | None = None, cost_reps: int = 5,
-        bootstrap_samples: int = 2000) -> BenchReport:
+        bootstrap_samples: int = 2000, log: Callable[[str], None] | None = None
+        ) -> BenchReport:
     """Benchmark `methods` (plain decoding is added first when absent) on `prompts`;
     returns the `BenchReport`. `progress(done, total, speedups)` is called after every
-    unit with the running speedup of each method. `journal`: a file that every finished
-    unit is appended to; with `resume=True` the units it holds are not run again (it must
-    come from the same methods, prompts, model and settings)."""
+    unit measured (and once for the units a resumed journal holds) with the running
+    speedup of each method. `journal`: a file that every finished unit is appended to
+    (`specjax.bench_journal`: it survives a kill at any byte); with `resume=True` the
+    units it holds are not run again (it must come from the same target weights,
+    drafters, methods, prompts and settings: refused otherwise, naming what differs).
+    `log(message)`: what the journal's reading has to say (a torn line dropped, a fresh
+    start); by default a warning."""
     methods = list(methods)
     if not methods:
         raise ValueError("run needs at least one method")
@@ -285,6 +316,7 @@ def run(target: CausalLM, methods: Sequence[BenchMethod], prompts: Sequence[Benc
     prompts = list(prompts)
     if not prompts:
         raise ValueError("run needs at least one prompt")
+    check_categories(prompts)
     for value, what in ((batch_size, "batch_size"), (reps, "reps"),
                         (max_new_tokens, "max_new_tokens"), (cost_reps, "cost_reps")):
         if not isinstance(value, int | np.integer) or value < 1:
@@ -307,21 +339,28 @@ def run(target: CausalLM, methods: Sequence[BenchMethod], prompts: Sequence[Benc
     settings = _Settings(max_new_tokens, sampling, batch_size, reps, seed, eos_id, capacity)
     units = plan_units(prompts, batch_size)
     done_units, costs = {}, {}
-    journal = None if journal is None else Path(journal)
-    fingerprint = _fingerprint(target, methods, prompts, settings)
+    log = log or (lambda message: warnings.warn(message, stacklevel=3))
     if journal is not None:
-        if resume and journal.exists():
-            done_units, costs = _read_journal(journal, fingerprint)
+        journal = Journal(journal)
+        header = fingerprint(target, methods, prompts, settings)
+        if resume:
+            done_units, costs = journal.resume(header, log)
         else:
-            journal.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
-    compiled: set = set()
+            journal.start(header)
+    # (method, unit shape) -> "here" (compiled in this process) or "journal" (its compile
+    # seconds are in a resumed unit: warmed up again here, not counted twice).
+    compiled = {(m.name, unit_shape(prompts, unit)): "journal" for m in methods
+                for index, unit in enumerate(units) if str(index) in done_units}
+    if done_units and progress is not None:
+        progress(len(done_units), len(units), _running_speedups(done_units, methods))
     for index, unit in enumerate(units):
-        if str(index) not in done_units:
+        measured = str(index) not in done_units
+        if measured:
             record = measure_unit(target, methods, [prompts[i] for i in unit], settings,
                                   compiled)
             done_units[str(index)] = record
             if journal is not None:
-                _append(journal, {"unit": str(index), "record": record})
+                journal.append({"unit": str(index), "record": record})
         # Each method's costs once, on the first unit (again after a resume that lacks them).
         for method in methods:
             if method.speculative and method.name not in costs:
@@ -329,8 +368,8 @@ def run(target: CausalLM, methods: Sequence[BenchMethod], prompts: Sequence[Benc
                                                    [list(prompts[i].ids) for i in units[0]],
                                                    settings, cost_reps)
                 if journal is not None:
-                    _append(journal, {"method": method.name, "costs": costs[method.name]})
-        if progress is not None:
+                    journal.append({"method": method.name, "costs": costs[method.name]})
+        if measured and progress is not None:
             progress(len(done_units), len(units), _running_speedups(done_units, methods))
     return summarise(methods=methods, prompts=prompts, units=units,
                      records=[done_units[str(i)] for i in range(len(units))], costs=costs,

@@ -42,7 +42,7 @@ from specjax.step import (
     speculative_step,
 )
 from specjax.trees import DynamicTree, TreeBudget, TreeShape
-from specjax.verification import Verification, verification_name
+from specjax.verification import Verification, rule_that_ran
 from specjax.xla_options import options_jit
 
 
@@ -360,4 +360,5 @@ def speculative_generate(target: CausalLM, draft, prompts, *, max_new_tokens: in
     return SpeculativeOutput(tokens=tokens,
                              lengths=first_rows(process_local(state.num_generated), rows),
                              stats=SpeculativeStats.from_state(
-                                 state, rows, verification_name(config.verification)))
+                                 state, rows, rule_that_ran(
+                                     config.verification, config.tree, params.greedy)))

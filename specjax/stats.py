@@ -31,10 +31,13 @@ class SpeculativeStats:
     target_forwards / draft_forwards: per row, while the row was running (prefill
     excluded); emitted / proposed / accepted / checked: per-row counts; num_steps:
     batched verify forwards run.
-    verification: the rule the steps ran ("block", "traversal", "token", "typical (not
-      exact)": see
-      specjax.verification), or None when unknown (stats built from counts, or merged
-      from runs under different rules).
+    verification: the rule the steps ran (`specjax.verification.rule_that_ran`): "block",
+      "traversal", "token", "greedy" (every row at temperature 0: the argmax matches,
+      whatever rule was asked for), "typical (not exact; epsilon=..., delta=...)"; or None
+      when unknown (stats built from counts, or merged from runs under different rules).
+    A draft counts as proposed and accepted only where it could become output: drafts
+    past a row's max_new_tokens (and past the EOS that ends it) are neither, so alpha and
+    tau agree on short requests.
     """
 
     acceptance_rate: float

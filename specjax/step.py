@@ -33,6 +33,7 @@ from specjax.sampling import (
     sampling_params,
 )
 from specjax.sharding import pin_rows
+from specjax.step_counters import advance_counters
 from specjax.tree_acceptance import accept_tree_greedy
 from specjax.trees import DynamicTree, TreeBudget, TreeShape, ancestor_mask, tree_depths
 from specjax.verification import (
@@ -436,33 +437,18 @@ def speculative_step(target: CausalLM, drafter, state: SpeculativeState,
         sequence=sequence, target_hidden=hidden_BN1D, active=active_B, path=verdict.path,
         target_tokens=target_tokens_BN1))
 
-    num_nodes = config.num_draft_tokens
-    depth = verdict.path.shape[1]
-    active_i = active_B.astype(jnp.int32)
+    forwards = drafter.forwards_per_step(
+        config.num_draft_tokens, **({} if config.tree is None else {"tree": config.tree}))
     offered_B = jnp.broadcast_to(verified, (batch,))  # drafts verified for the row
     if config.tree is None and proposal.num_real is not None:
-        offered_B = jnp.minimum(offered_drafts(proposal, num_nodes), verified)
-    on_path_BN = jnp.any(verdict.path[:, :, None] == jnp.arange(num_nodes)[None, None, :],
-                         axis=1)
+        offered_B = jnp.minimum(offered_drafts(proposal, config.num_draft_tokens), verified)
+    counters = advance_counters(state, verdict, offered_B, num_emitted_B, done_B,
+                                chain=config.tree is None, draft_forwards=forwards)
     return pin_rows(SpeculativeState(
         sequence=sequence, lengths=new_lengths_B, prompt_lengths=state.prompt_lengths,
         target_cache=target_cache, drafter_state=drafter_state, done=done_B, key=key,
-        max_new_tokens=state.max_new_tokens, eos_ids=state.eos_ids,
-        target_forwards=state.target_forwards + active_i,
-        draft_forwards=state.draft_forwards + active_i * drafter.forwards_per_step(
-            num_nodes, **({} if config.tree is None else {"tree": config.tree})),
-        proposed=state.proposed + active_i * offered_B,
-        checked=state.checked + active_i * jnp.minimum(num_accepted_B + 1,
-                                                       jnp.minimum(offered_B, depth)),
-        accepted=state.accepted + active_i * num_accepted_B,
-        accepted_per_position=state.accepted_per_position
-        + (on_path_BN & active_B[:, None]).astype(jnp.int32),
-        accepted_length_counts=state.accepted_length_counts
-        + ((num_accepted_B[:, None] == jnp.arange(num_nodes + 1)[None])
-           & active_B[:, None]).astype(jnp.int32),
-        step_accepted=jnp.where(active_B, jnp.minimum(num_accepted_B, num_emitted_B), 0),
-        step_emitted=num_emitted_B,
-        num_steps=state.num_steps + jnp.any(active_B).astype(jnp.int32)), target, batch)
+        max_new_tokens=state.max_new_tokens, eos_ids=state.eos_ids, **counters), target,
+        batch)
 
 
 def compile_key(config: SpeculativeConfig, sampling: SamplingParams) -> SpeculativeConfig:

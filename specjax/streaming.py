@@ -25,7 +25,7 @@ from specjax.sampling import SamplingConfig, sampling_params
 from specjax.speculative_loop import start_decoding
 from specjax.stats import SpeculativeStats
 from specjax.step import SpeculativeState, compile_key, compiled_step
-from specjax.verification import verification_name
+from specjax.verification import rule_that_ran
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +94,8 @@ def speculative_stream(target: CausalLM, draft, prompts, *, max_new_tokens: int,
         yield StreamChunk(step=step, tokens=tokens, from_draft=from_draft,
                           done=[bool(d) for d in done], block=block,
                           stats=SpeculativeStats.from_state(
-                              state, rows, verification_name(config.verification))
+                              state, rows, rule_that_ran(
+                                  config.verification, config.tree, params.greedy))
                           if finished else None)
         if finished:
             return

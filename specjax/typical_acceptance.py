@@ -38,7 +38,12 @@ class TypicalAcceptance:
     epsilon: float = 0.09
     delta: float = 0.3
 
-    name = "typical (not exact)"  # how stats and the command line name it
+    name = "typical (not exact)"  # the rule's name; `label` adds its settings
+
+    @property
+    def label(self) -> str:
+        """How stats and the command line name it: the rule and its settings."""
+        return f"typical (not exact; epsilon={self.epsilon:g}, delta={self.delta:g})"
 
     def __post_init__(self):
         for field in ("epsilon", "delta"):

@@ -15,7 +15,8 @@ One name for every decoder (`speculative_generate`, `speculative_stream`,
   et al. / Chen et al. for chains, specjax.rejection; recursive rejection sampling for
   trees, specjax.tree_acceptance). Exact. The rule of specjax before block verification:
   pass it to reproduce an older seeded run.
-- `TypicalAcceptance(epsilon, delta)`: Medusa-2's typical acceptance
+- `TypicalAcceptance(epsilon, delta)`, or the name "typical" for Medusa's published
+  setting (epsilon 0.09, delta 0.3): Medusa-2's typical acceptance
   (specjax.typical_acceptance). NOT EXACT: a labelled lossy mode, never a default.
 
 The default (None) is the exact rule that accepts the most for the proposal shape:
@@ -23,6 +24,10 @@ The default (None) is the exact rule that accepts the most for the proposal shap
 the drafts equal to the target's argmax and emits the argmax: an all-greedy batch takes
 the argmax rules whichever rule is named. The rule is part of the compiled step (static);
 the sampling values stay data.
+
+Stats name the rule that RAN (`rule_that_ran`): "greedy" for an all-greedy batch (the
+argmax rules, whichever rule was asked for), "block" for a chain asked to run "traversal",
+and the typical rule with its settings ("typical (not exact; epsilon=0.09, delta=0.3)").
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from specjax.typical_acceptance import (
 )
 
 EXACT_RULES = ("block", "traversal", "token")
+RULE_NAMES = (*EXACT_RULES, "typical")  # what the library and the command line accept
+GREEDY_RULE = "greedy"  # what an all-greedy batch runs: the argmax matches, under any rule
 
 Verification = str | TypicalAcceptance
 
@@ -52,10 +59,14 @@ def resolve_verification(verification: Verification | None, tree) -> Verificatio
         return "block" if tree is None else "traversal"
     if isinstance(verification, TypicalAcceptance):
         return verification
+    if verification == "typical":
+        return TypicalAcceptance()
     if not isinstance(verification, str) or verification not in EXACT_RULES:
-        raise ValueError(f"verification must be one of {', '.join(map(repr, EXACT_RULES))}, "
+        raise ValueError(f"verification must be one of {', '.join(map(repr, RULE_NAMES))}, "
                          "None (the default: 'block' for a chain, 'traversal' for a tree) or "
-                         f"specjax.TypicalAcceptance(epsilon, delta); got {verification!r}")
+                         "specjax.TypicalAcceptance(epsilon, delta) ('typical' is Medusa's "
+                         f"setting, epsilon 0.09 and delta 0.3; NOT exact); got "
+                         f"{verification!r}")
     if verification == "block" and tree is not None:
         raise ValueError("verification='block' judges a chain of drafts; this step verifies "
                          "a tree: pass verification='traversal' (block verification's tree "
@@ -65,9 +76,25 @@ def resolve_verification(verification: Verification | None, tree) -> Verificatio
 
 
 def verification_name(rule: Verification) -> str:
-    """How stats and the command line name the rule ("typical (not exact)" for the lossy
-    one)."""
-    return rule.name if isinstance(rule, TypicalAcceptance) else rule
+    """How stats and the command line name a rule: its name, the lossy one with its
+    settings ("typical (not exact; epsilon=0.09, delta=0.3)")."""
+    return rule.label if isinstance(rule, TypicalAcceptance) else rule
+
+
+def rule_that_ran(rule: Verification, tree, all_greedy: bool) -> str:
+    """The name of the rule a step actually runs for the resolved `rule`, the proposal
+    shape (`tree` None: a chain) and whether every row is greedy: "greedy" (the argmax
+    rules), "block" for a chain's "traversal", else `verification_name(rule)`."""
+    if all_greedy:
+        return GREEDY_RULE
+    if rule == "traversal" and tree is None:
+        return "block"
+    return verification_name(rule)
+
+
+def is_lossy_rule_name(name: str | None) -> bool:
+    """Whether a rule named in stats (`rule_that_ran`) is the lossy one."""
+    return isinstance(name, str) and name.startswith(TypicalAcceptance.name.split(" ")[0])
 
 
 def offered_drafts(proposal, width: int) -> Array | None:

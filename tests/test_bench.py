@@ -38,7 +38,7 @@ def test_a_greedy_run_is_exact_and_its_tau_is_the_decoders(tiny_lm, close_draft)
     copy = report.row("draft", "copy")
     assert copy["tau"] == pytest.approx(out.stats.mean_accepted_length)
     assert copy["tokens"] == int(np.asarray(out.lengths).sum()) == 24
-    assert copy["exact"] is True and copy["verification"] == "block"
+    assert copy["exact"] is True and copy["verification"] == "greedy"
     for row in report.rows:
         if row["method"] != "plain":
             assert row["draft_block_cost"] > 0 and row["verify_cost"] > 0

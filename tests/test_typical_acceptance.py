@@ -75,6 +75,6 @@ def test_greedy_rows_of_a_tree_batch_follow_generate(tiny_lm, close_draft):
         tiny_lm, DraftModel(close_draft, "sample"), prompts, max_new_tokens=16, tree=tree,
         sampling=[GREEDY, SamplingConfig(temperature=1.0), GREEDY], key=jax.random.key(2),
         verification=TypicalAcceptance(epsilon=0.2, delta=0.4))
-    assert out.stats.verification == "typical (not exact)"
+    assert out.stats.verification == "typical (not exact; epsilon=0.2, delta=0.4)"
     for row in (0, 2):
         np.testing.assert_array_equal(out.tokens[row], plain.tokens[row])

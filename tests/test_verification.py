@@ -8,7 +8,7 @@ import pytest
 import specjax
 from specjax import GREEDY, DraftModel, SamplingConfig, SpeculativeConfig, TypicalAcceptance
 from specjax.trees import DynamicTree, TreeShape
-from specjax.verification import resolve_verification, verification_name
+from specjax.verification import resolve_verification, rule_that_ran, verification_name
 
 TREE = TreeShape.from_paths([[0], [1], [0, 0]])
 PROMPTS = [[1, 2, 3, 4, 1, 2], [7, 7], [30, 2, 5, 9, 11, 3]]
@@ -26,7 +26,27 @@ def test_the_default_is_block_for_a_chain_and_traversal_for_a_tree():
                              verification="traversal").verification == "traversal"
     typical = TypicalAcceptance(epsilon=0.2, delta=0.5)
     assert resolve_verification(typical, TREE) == typical
-    assert verification_name(typical) == "typical (not exact)"
+    assert verification_name(typical) == "typical (not exact; epsilon=0.2, delta=0.5)"
+
+
+def test_the_library_takes_the_command_lines_rule_names():
+    """"typical" is Medusa's published setting, as `--verification typical` runs it."""
+    config = SpeculativeConfig(num_draft_tokens=4, verification="typical")
+    assert config.verification == TypicalAcceptance(epsilon=0.09, delta=0.3)
+    assert verification_name(config.verification) == (
+        "typical (not exact; epsilon=0.09, delta=0.3)")
+    with pytest.raises(ValueError, match="'typical'"):
+        SpeculativeConfig(num_draft_tokens=4, verification="typicl")
+
+
+def test_the_rule_that_ran_is_named():
+    """An all-greedy batch runs the argmax rules whatever was asked; a chain's traversal
+    is block verification."""
+    assert rule_that_ran("traversal", None, all_greedy=False) == "block"
+    assert rule_that_ran("traversal", TREE, all_greedy=False) == "traversal"
+    assert rule_that_ran("token", TREE, all_greedy=True) == "greedy"
+    assert rule_that_ran(TypicalAcceptance(), None, all_greedy=True) == "greedy"
+    assert rule_that_ran("token", None, all_greedy=False) == "token"
 
 
 @pytest.mark.parametrize("verification,tree,message", [
@@ -62,8 +82,9 @@ def test_every_decoder_runs_the_rule_it_is_given_and_names_it(tiny_lm, close_dra
     same tokens (the same key), and the stats name the rule that ran."""
     sampling = SamplingConfig(temperature=1.0)
     key = jax.random.key(4)
-    for verification, name in [(None, "block"), ("token", "token"),
-                               (TypicalAcceptance(), "typical (not exact)")]:
+    for verification, name in [(None, "block"), ("token", "token"), ("traversal", "block"),
+                               (TypicalAcceptance(),
+                                "typical (not exact; epsilon=0.09, delta=0.3)")]:
         out = specjax.speculative_generate(tiny_lm, close_draft, PROMPTS, max_new_tokens=12,
                                            num_draft_tokens=3, sampling=sampling, key=key,
                                            verification=verification)
@@ -88,15 +109,15 @@ def test_every_decoder_runs_the_rule_it_is_given_and_names_it(tiny_lm, close_dra
         np.testing.assert_array_equal(stepped.accepted, out.stats.accepted)
 
 
-def test_traversal_of_a_chain_is_block_verification_and_named_as_asked(tiny_lm, close_draft):
-    """The same key, the same tokens: a chain's traversal runs block verification; the
-    stats name the rule the caller chose."""
+def test_traversal_of_a_chain_is_block_verification_and_named_so(tiny_lm, close_draft):
+    """The same key, the same tokens: a chain's traversal runs block verification, and
+    the stats name the rule that ran."""
     runs = {rule: specjax.speculative_generate(
         tiny_lm, DraftModel(close_draft, "sample"), PROMPTS, max_new_tokens=12,
         num_draft_tokens=3, sampling=SamplingConfig(temperature=1.0), key=jax.random.key(7),
         verification=rule) for rule in ("block", "traversal")}
     np.testing.assert_array_equal(runs["traversal"].tokens, runs["block"].tokens)
-    assert runs["traversal"].stats.verification == "traversal"
+    assert runs["traversal"].stats.verification == "block"
 
 
 def test_greedy_decoding_is_the_same_under_every_rule(tiny_lm, close_draft):
@@ -111,3 +132,10 @@ def test_greedy_decoding_is_the_same_under_every_rule(tiny_lm, close_draft):
                                            verification=verification)
         for row in (0, 2):
             np.testing.assert_array_equal(out.tokens[row], plain.tokens[row])
+    # An all-greedy batch runs the argmax rules whatever rule is asked for, and says so.
+    for verification in ("token", TypicalAcceptance()):
+        out = specjax.speculative_generate(tiny_lm, DraftModel(close_draft, "sample"),
+                                           PROMPTS, max_new_tokens=16, num_draft_tokens=3,
+                                           sampling=GREEDY, verification=verification)
+        np.testing.assert_array_equal(out.tokens, plain.tokens)
+        assert out.stats.verification == "greedy"
