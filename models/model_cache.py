@@ -28,6 +28,7 @@ import shutil
 import tempfile
 import threading
 import warnings
+import weakref
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -176,9 +177,12 @@ def cached_model(kind: str, sources: list[Path], options: dict, build: Callable,
     if maps is not None:
         fields = json.loads((folder / "config.json").read_text())
         config = TransformerConfig(**dict(fields, scan_layers=False))
-        return _build(tensor_views(folder / WEIGHTS, maps[WEIGHTS]), config, scan_layers,
-                      placement)
+        lm = _build(tensor_views(folder / WEIGHTS, maps[WEIGHTS]), config, scan_layers,
+                    placement)
+        remember_fingerprint_beside(lm, folder, scan_layers)
+        return lm
     lm, config = build(scan_layers, placement)
+    remember_fingerprint_beside(lm, folder, scan_layers)
 
     def write(staging: Path) -> None:
         from flax import nnx
@@ -193,6 +197,47 @@ def cached_model(kind: str, sources: list[Path], options: dict, build: Callable,
 
     _write_in_background(folder, write)
     return lm
+
+
+def fingerprint_file(folder: Path, scan_layers: bool) -> Path:
+    """Where an entry keeps its weights' content digest (`specjax.fingerprints`), per
+    layer layout (the digest covers the parameter tree's paths)."""
+    return folder / f"params-{'scanned' if scan_layers else 'unrolled'}.blake2b"
+
+
+def remember_fingerprint_beside(lm: specjax.CausalLM, folder: Path, scan_layers: bool) -> None:
+    """Give `lm` a provider of its content digest: read from beside the cache entry, else
+    computed (once) and written there, so a later process (a resumed benchmark) does not
+    read every weight again. The file is not part of the entry's record: a missing or
+    unreadable one is computed again, never trusted blindly (40 hex characters or
+    nothing)."""
+    from specjax.fingerprints import hash_arrays, remember
+
+    model = weakref.ref(lm)
+
+    def provide() -> str:
+        path = fingerprint_file(folder, scan_layers)
+        try:
+            stored = path.read_text().strip()
+            if len(stored) == 40 and all(c in "0123456789abcdef" for c in stored):
+                return stored
+        except OSError:
+            pass
+        value = hash_arrays(model().params)
+        pending = _WRITING.get(folder)
+        if pending is not None:
+            pending.join()
+        if folder.is_dir():
+            try:
+                from specjax.files import atomic_path
+
+                with atomic_path(path) as staging:
+                    staging.write_text(value + "\n")
+            except OSError:  # a read-only cache: computed again next time
+                pass
+        return value
+
+    remember(lm, provide)
 
 
 def _build(arrays: dict, config, scan_layers: bool, placement=None) -> specjax.CausalLM:

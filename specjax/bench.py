@@ -38,8 +38,8 @@ import numpy as np
 
 from specjax.autoregressive import generate
 from specjax.bench_journal import Journal
-from specjax.bench_prompts import BenchPrompt
-from specjax.bench_report import OVERALL, BenchReport, summarise
+from specjax.bench_prompts import BenchPrompt, check_categories
+from specjax.bench_report import BenchReport, summarise
 from specjax.causal_lm import CausalLM
 from specjax.fingerprints import hash_arrays, params_fingerprint
 from specjax.inputs import bucket, plan_capacity
@@ -142,16 +142,6 @@ def _counts(out) -> dict:
 def unit_shape(prompts: Sequence[BenchPrompt], unit: Sequence[int]) -> tuple[int, int]:
     """The decoders' input shape for a unit: (rows, the longest prompt's bucket)."""
     return len(unit), bucket(max(len(prompts[i].ids) for i in unit))
-
-
-def check_categories(prompts: Sequence[BenchPrompt]) -> None:
-    """A category named like the all-prompts group would be hidden by it: refused."""
-    categories = {p.category for p in prompts}
-    if OVERALL in categories and len(categories) > 1:
-        clashing = [p.name for p in prompts if p.category == OVERALL][:3]
-        raise ValueError(f"prompts {', '.join(map(repr, clashing))} have the category "
-                         f"{OVERALL!r}, the name of the report's all-prompts rows: rename "
-                         "that category (e.g. 'overall questions')")
 
 
 def measure_unit(target: CausalLM, methods: Sequence[BenchMethod],
@@ -333,6 +323,14 @@ def run(target: CausalLM, methods: Sequence[BenchMethod], prompts: Sequence[Benc
                 method.drafter.check(target, sampling)
             except (ValueError, TypeError) as error:
                 raise type(error)(f"method {method.name!r}: {error}") from None
+    for prompt in prompts:
+        if target.max_seq_len is not None and len(prompt.ids) + max_new_tokens > \
+                target.max_seq_len:
+            raise ValueError(f"prompt {prompt.name or '(unnamed)'} ({prompt.category}) has "
+                             f"{len(prompt.ids)} tokens: with max_new_tokens={max_new_tokens} "
+                             f"it needs more than the target's max_seq_len="
+                             f"{target.max_seq_len} positions; shorten it, leave it out, or "
+                             "lower max_new_tokens")
     extra = max(m.verify_nodes() + 1 if m.speculative else 0 for m in methods)
     capacity = plan_capacity(np.array([len(p.ids) for p in prompts]), max_new_tokens,
                              target.max_seq_len, extra_slots=extra)

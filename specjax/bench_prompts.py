@@ -19,6 +19,7 @@ from pathlib import Path
 
 UNCATEGORISED = "uncategorised"
 TEXT_CATEGORY = "prompts"
+OVERALL = "overall"  # the report's all-prompts rows (specjax.bench_report)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,13 +47,25 @@ class BenchPrompt:
 
 
 def _text_of(path: Path) -> str:
+    """The file as text; a UTF-8 byte-order mark (which some editors write) is not text."""
     data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         line = data[:error.start].count(b"\n") + 1
         raise ValueError(f"{path}: line {line} is not UTF-8 text (byte {error.start}); save "
                          "the file as UTF-8") from None
+
+
+def file_lines(text: str) -> list[str]:
+    """The lines of a prompt or question file: split at line feeds only (a CRLF's CR
+    dropped). `str.splitlines` also splits at form feeds, U+2028, U+0085 and \x1c-\x1e,
+    which sit inside Python sources and inside JSON strings written with
+    `ensure_ascii=False`: they stay in their line."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def read_questions(path, file_format: str | None = None) -> list[Question]:
@@ -69,7 +82,7 @@ def read_questions(path, file_format: str | None = None) -> list[Question]:
         raise ValueError(f"{path} is a directory, not a prompt file")
     if not path.is_file():
         raise ValueError(f"{path} does not exist")
-    lines = _text_of(path).splitlines()
+    lines = file_lines(_text_of(path))
     questions = (_jsonl_questions(path, lines) if file_format == "jsonl"
                  else [Question(f"line {n}", TEXT_CATEGORY, (line,))
                        for n, line in enumerate(lines, 1) if line.strip()])
@@ -110,6 +123,17 @@ def _jsonl_questions(path: Path, lines: list[str]) -> list[Question]:
     return questions
 
 
+def check_categories(items: Sequence[Question | BenchPrompt]) -> None:
+    """A category named like the report's all-prompts rows ("overall") would be hidden by
+    them: refused (unless it is the only category, whose rows are the same)."""
+    categories = {item.category for item in items}
+    if OVERALL in categories and len(categories) > 1:
+        clashing = [item.name for item in items if item.category == OVERALL][:3]
+        raise ValueError(f"question(s) {', '.join(map(repr, clashing))} have the category "
+                         f"{OVERALL!r}, the name of the report's all-prompts rows: rename "
+                         "that category (e.g. 'overall questions')")
+
+
 def select_categories(questions: Sequence[Question],
                       categories: Sequence[str] | None) -> list[Question]:
     """The questions of the named categories (all for None); refuses a name that matches
@@ -127,13 +151,16 @@ def select_categories(questions: Sequence[Question],
 def bench_prompts(questions: Sequence[Question], *,
                   encode: Callable[[list[dict]], Sequence[int]],
                   answer: Callable[[list[Sequence[int]]], list[str]] | None = None,
-                  ) -> list[BenchPrompt]:
+                  max_tokens: int | None = None) -> list[BenchPrompt]:
     """One `BenchPrompt` per turn of every question. `encode(messages)` turns a chat (a
     list of {"role", "content"} dicts ending with a user turn) into the ids the target
     continues (its chat template, or the plain concatenation for a model without one).
     A later turn's chat holds the earlier turns and their answers: `answer(list of ids)`
     gives them (the CLI: the target's own greedy reply, the same for every method, so
-    every method decodes the same prompts); needed only for multi-turn questions."""
+    every method decodes the same prompts); needed only for multi-turn questions.
+    `max_tokens`: the longest prompt the run can decode (the target's max_seq_len less
+    the new tokens); a longer one is refused by its question's name and turn as soon as
+    it is encoded, before any answer is generated."""
     if not questions:
         raise ValueError("bench_prompts: no questions")
     names = [q.name for q in questions]
@@ -157,8 +184,15 @@ def bench_prompts(questions: Sequence[Question], *,
         for q in asking:
             chats[q.name].append({"role": "user", "content": q.turns[turn]})
             name = q.name if len(q.turns) == 1 else f"{q.name}, turn {turn + 1}"
-            prompts.append((order[q.name], turn, BenchPrompt(
-                tuple(int(t) for t in encode(chats[q.name])), q.category, name)))
+            ids = tuple(int(t) for t in encode(chats[q.name]))
+            if max_tokens is not None and len(ids) > max_tokens:
+                raise ValueError(
+                    f"question {name} ({q.category}) is {len(ids)} tokens long"
+                    + (" with the earlier turns and their answers" if turn else "")
+                    + f"; this run decodes prompts of at most {max_tokens} tokens (the "
+                    "target's max_seq_len less the new tokens): shorten it, leave it out, "
+                    "or lower the new tokens")
+            prompts.append((order[q.name], turn, BenchPrompt(ids, q.category, name)))
     return [prompt for _, _, prompt in sorted(prompts, key=lambda p: p[:2])]
 
 

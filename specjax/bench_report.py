@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from specjax.bench_prompts import OVERALL
 from specjax.verification import is_lossy_rule_name
 
-OVERALL = "overall"
 COLUMNS = ("method", "category", "prompts", "tokens", "seconds", "tokens_per_second",
            "speedup", "speedup_low", "speedup_high", "tau", "acceptance", "nodes_per_step",
            "draft_cost", "draft_block_cost", "verify_cost", "ideal_speedup", "efficiency",

@@ -115,3 +115,19 @@ def test_a_method_names_plain_exactly_when_it_has_no_drafter():
         BenchMethod("plain", PromptLookup())
     with pytest.raises(ValueError, match="needs a name"):
         BenchMethod(" ", PromptLookup())
+
+
+def test_a_prompt_too_long_for_the_target_is_refused_by_its_name(tiny_lm):
+    long = BenchPrompt(tuple(range(1, 31)) * 4, "essays", "q81, turn 2")
+    with pytest.raises(ValueError, match=r"prompt q81, turn 2 \(essays\) has 120 tokens"):
+        bench.run(tiny_lm, _methods(tiny_lm)[1:], [PROMPTS[0], long], max_new_tokens=16)
+
+
+def test_a_category_named_overall_is_refused_not_hidden(tiny_lm):
+    prompts = [BenchPrompt((1, 2), "overall", "p0"), BenchPrompt((3, 4), "code", "p1")]
+    with pytest.raises(ValueError, match="'p0' have the category 'overall'.*rename"):
+        bench.run(tiny_lm, _methods(tiny_lm)[1:], prompts, max_new_tokens=4)
+    # The only category: its rows are the all-prompts rows, nothing is hidden.
+    report = bench.run(tiny_lm, _methods(tiny_lm)[1:], prompts[:1], max_new_tokens=4, reps=1,
+                       cost_reps=1)
+    assert [r["category"] for r in report.rows] == ["overall", "overall"]

@@ -123,3 +123,21 @@ def test_csv_json_and_svg_carry_every_row(tmp_path):
     speedups = [report.row("lookup", c)["speedup"] for c in ("code", "chat", "overall")]
     np.testing.assert_allclose(np.array(heights) / heights[0],
                                np.array(speedups) / speedups[0], rtol=1e-3)
+
+
+def test_rows_of_the_lossy_rule_say_not_exact_in_every_format(tmp_path):
+    typical = "typical (not exact; epsilon=0.09, delta=0.3)"
+    records = [_record(2.0, 1.0), _record(2.0, 0.5), _record(3.0, 1.0)]
+    for record in records:
+        record["lookup"]["verification"] = typical
+    for temperature in (0.0, 0.8):
+        report = _report(records, temperature)
+        row = report.row("lookup")
+        assert row["exact"] is False and row["verification"] == typical
+        table = report.to_markdown()
+        assert "| NOT exact (typical: epsilon=0.09, delta=0.3) |" in table
+        assert "distribution only" not in table.split("| lookup |")[1]
+        rows = list(csv.DictReader(io.StringIO(report.to_csv())))
+        assert {r["exact"] for r in rows if r["method"] == "lookup"} == {"False"}
+        assert all(r["exact"] is False for r in report.as_dict()["rows"]
+                   if r["method"] == "lookup")

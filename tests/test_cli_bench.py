@@ -37,7 +37,11 @@ def test_methods_parse_with_their_settings():
     ("plain[k=2]", "plain takes no settings"),
     ("draft[k=0]", "k must be a positive integer"),
     ("draft[confidence=high]", "confidence must be a number"),
-    ("draft[verification=typical]", "verification must be block, traversal or token"),
+    ("draft[verification=typicl]", "verification must be block, traversal, token .* or "
+                                   "typical"),
+    ("draft[k=3,k=5]", r"'draft\[k=3,k=5\]' sets k twice"),
+    ("draft[greedy=maybe]", r"greedy is on or off"),
+    ("draft[greedy,greedy=false]", "sets greedy twice"),
     ("published", "published needs dir=DIR"),
     ("layer-skip", "layer-skip needs skip="),
     ("draft[dir=/no/such/dir]", "dir /no/such/dir does not exist"),
@@ -48,10 +52,77 @@ def test_methods_parse_with_their_settings():
     ("prompt-lookup[confidence=0.5]", "--min-confidence needs a drafter that scores"),
 ])
 def test_bad_methods_are_one_line_and_exit_2(methods, message, capsys):
+    """Each refusal is one line naming the method."""
     assert main(["bench", "--methods", methods]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert re.search(message, err), err
+
+
+def test_greedy_takes_a_value_and_the_label_tells_what_runs():
+    from specjax.cli import build_parser
+    from specjax.cli.bench import method_args
+
+    specs = parse_methods("draft[greedy=false,k=3],draft[greedy=true,as=g],draft[greedy=no,"
+                          "as=n],draft[greedy,as=bare]")
+    assert specs[0].label == "draft[k=3]"  # greedy=false is the default: sampled drafts
+    args = build_parser().parse_args(["bench"])
+    assert [method_args(args, s).greedy_draft for s in specs] == [False, True, False, True]
+    with pytest.raises(Exception, match="names a method twice"):
+        parse_methods("draft,draft[greedy=false]")
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--typical-epsilon", "1.5", "--verification", "typical"],
+     "^specjax bench: error: --typical-epsilon and --typical-delta must be numbers in"),
+    (["--typical-epsilon", "0.2", "--methods", "plain"], "add --verification typical"),
+    (["--typical-epsilon", "0.2"], "add --verification typical"),
+    (["--typical-delta", "0.2", "--methods", "draft[verification=token]"],
+     "add --verification typical"),
+])
+def test_the_typical_rules_settings_are_checked_as_the_runs_options(options, message, capsys):
+    assert main(["bench", *options]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and "--methods" not in err.split(":")[2], err
+
+
+def test_a_method_may_run_the_typical_rule(tmp_path):
+    from specjax.cli import build_parser
+    from specjax.cli.bench import method_args
+    from specjax.cli.common import verification_rule
+
+    args = build_parser().parse_args(["bench", "--typical-epsilon", "0.2", "--methods",
+                                      "draft[verification=typical],prompt-lookup"])
+    draft, lookup = (method_args(args, s) for s in parse_methods(args.methods))
+    assert verification_rule(draft).epsilon == 0.2 and verification_rule(lookup) is None
+
+
+@pytest.mark.parametrize("content, name, prompts", [
+    # Raw U+2028 / U+0085 inside JSON strings (json.dumps(ensure_ascii=False) writes them).
+    ((json.dumps({"question_id": 7, "turns": ["a\u2028b"]}, ensure_ascii=False) + "\n"
+      + json.dumps({"question_id": 8, "turns": ["c\x85d"]}, ensure_ascii=False) + "\n"
+      ).encode(), "q.jsonl", [("7", "a\u2028b"), ("8", "c\x85d")]),
+    # A UTF-8 byte-order mark is not part of the first line.
+    (b"\xef\xbb\xbf" + json.dumps({"question_id": 1, "turns": ["x"]}).encode() + b"\n",
+     "q.jsonl", [("1", "x")]),
+    # A form feed, \x1c and U+2028 in a line of a text file (a Python source) stay in it.
+    (b"\xef\xbb\xbfdef f():\r\n\x0c\x1cclass A:" + "\u2028".encode() + b"\n", "p.txt",
+     [("line 1", "def f():"), ("line 2", "\x0c\x1cclass A:\u2028")]),
+])
+def test_prompt_files_split_at_line_feeds_only(tmp_path, content, name, prompts):
+    from specjax.bench_prompts import read_questions
+
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert [(q.name, q.turns[0]) for q in read_questions(path)] == prompts
+
+
+def test_a_category_named_overall_is_refused_before_any_model_loads(tmp_path, capsys):
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": ["x"]})
+                            + "\n" for i, c in enumerate(["overall", "code"])))
+    assert main(["bench", "--questions", str(path)]) == 2
+    assert "the name of the report's all-prompts rows: rename" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("content, options, message", [

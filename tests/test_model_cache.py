@@ -142,3 +142,27 @@ def test_a_sharded_or_cast_checkpoint_is_cached_and_a_plain_one_is_not(cache_dir
     for a, b in zip(leaves(cast), leaves(again), strict=True):
         np.testing.assert_array_equal(a, b)
     assert len(leaves(plain)) == len(leaves(again))
+
+
+def test_the_weights_digest_is_computed_once_and_kept_beside_the_entry(cache_dir, source_file,
+                                                                       monkeypatch):
+    from specjax import fingerprints
+
+    fresh = specjax_models.from_gguf(source_file)  # built; the entry written meanwhile
+    digest = fingerprints.params_fingerprint(fresh)
+    assert digest == fingerprints.hash_arrays(fresh.params)
+    model_cache.wait_for_writes()
+    again = specjax_models.from_gguf(source_file)  # from the entry
+    stored = [p for e in cache_dir.iterdir() for p in e.glob("params-unrolled.blake2b")]
+    assert [p.read_text().strip() for p in stored] == [digest]
+
+    def refuse(tree):
+        raise AssertionError("the digest was computed again")
+
+    monkeypatch.setattr(fingerprints, "hash_arrays", refuse)
+    assert fingerprints.params_fingerprint(again) == digest  # read from beside the entry
+    # Other weights of the same shapes have another digest.
+    other = build_lm(6, **TINY)
+    monkeypatch.undo()
+    assert fingerprints.params_fingerprint(other) != fingerprints.params_fingerprint(
+        build_lm(5, **TINY))

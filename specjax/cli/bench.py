@@ -47,7 +47,7 @@ SETTINGS = {
     "k": "drafts per step (default: --num-draft-tokens)",
     "tree": "an EAGLE-2 dynamic tree NODES/DEPTH/TOP_K instead of a chain",
     "verification": "block, traversal or token (default: --verification, else the shape's)",
-    "greedy": "draft argmax tokens (one-hot q; no value)",
+    "greedy": "draft argmax tokens (one-hot q): greedy or greedy=true; greedy=false samples",
     "confidence": "verify only the leading confident drafts (--min-confidence)",
     "dir": "the method's checkpoint, head, drafter directory or datastore file",
     "skip": "layer-skip's blocks (4/6/8) or auto",
@@ -67,7 +67,8 @@ class MethodSpec:
         given = dict(self.settings)
         if "as" in given:
             return given["as"]
-        shown = [f"{k}={v}" if v else k for k, v in self.settings]
+        shown = [f"{k}={v}" if v else k for k, v in self.settings
+                 if (k, v) != ("greedy", "off")]
         return self.kind + (f"[{','.join(shown)}]" if shown else "")
 
     def get(self, name: str, default=None):
@@ -93,6 +94,20 @@ def _split_top_level(text: str) -> list[str]:
     return [*parts, current]
 
 
+ON_WORDS, OFF_WORDS = ("", "true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _switch(kind: str, name: str, value: str) -> str:
+    """A yes/no setting as "" (on: written bare in labels) or "off"; other words refused."""
+    word = value.lower()
+    if word in ON_WORDS:
+        return ""
+    if word in OFF_WORDS:
+        return "off"
+    raise CliError(f"--methods: {kind}[{name}={value}]: {name} is on or off ({name}, "
+                   f"{name}=true or {name}=false), got {value!r}")
+
+
 def parse_methods(text: str) -> list[MethodSpec]:
     """`--methods` as method specs: NAME or NAME[setting=value,...], comma-separated."""
     specs = []
@@ -110,13 +125,20 @@ def parse_methods(text: str) -> list[MethodSpec]:
             if not rest.endswith("]"):
                 raise CliError(f"--methods: {part!r} has text after its ']'")
             for item in _split_top_level(rest[:-1]):
-                name, _, value = item.strip().partition("=")
+                name, equals, value = item.strip().partition("=")
+                name, value = name.strip(), value.strip()
                 if name not in SETTINGS:
                     raise CliError(f"--methods: {kind} has no setting {name!r}; the settings "
                                    f"are {', '.join(SETTINGS)}")
-                if name != "greedy" and not value:
+                if name in dict(settings):
+                    raise CliError(f"--methods: {part!r} sets {name} twice; give it once (to "
+                                   "run both values, name the method twice, the second with "
+                                   "other settings or as=NAME)")
+                if name == "greedy":
+                    value = _switch(kind, name, value if equals else "")
+                elif not value:
                     raise CliError(f"--methods: {kind}[{name}] needs a value ({name}=...)")
-                settings.append((name, value.strip()))
+                settings.append((name, value))
         specs.append(MethodSpec(kind, tuple(settings)))
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
@@ -201,7 +223,7 @@ def _positive(value, option: str) -> None:
 
 def validate(args) -> tuple[list[MethodSpec], list]:
     """Every check that needs no model: methods, numbers, targets, outputs, prompts."""
-    from specjax.bench_prompts import read_questions, select_categories
+    from specjax.bench_prompts import check_categories, read_questions, select_categories
 
     bundled = args.model == "bundled" and not (args.hf or args.gguf)
     specs = parse_methods(args.methods or ("plain,prompt-lookup,draft" if bundled
@@ -246,6 +268,10 @@ def validate(args) -> tuple[list[MethodSpec], list]:
         questions = select_categories(questions, categories)
     except ValueError as error:
         raise CliError(f"--categories: {error}") from None
+    try:
+        check_categories(questions)
+    except ValueError as error:
+        raise CliError(f"{'--questions' if args.questions else '--prompts'}: {error}") from None
     if args.limit is not None:  # the first --limit questions of each category
         rank: dict[str, int] = {}
         limited = []
@@ -255,6 +281,20 @@ def validate(args) -> tuple[list[MethodSpec], list]:
                 limited.append(question)
         questions = limited
     return specs, questions
+
+
+def _check_typical_settings(args, specs: list[MethodSpec]) -> None:
+    """--typical-epsilon / --typical-delta: refused unless some method runs the typical
+    rule (--verification typical, or a method's verification=typical); their values
+    checked once, as options of the run."""
+    from specjax.cli.common import verification_rule
+
+    uses_typical = args.verification == "typical" or any(
+        s.get("verification") == "typical" for s in specs)
+    typical = argparse.Namespace(verification="typical" if uses_typical else None,
+                                 typical_epsilon=args.typical_epsilon,
+                                 typical_delta=args.typical_delta)
+    verification_rule(typical)
 
 
 def _check_spec(spec: MethodSpec, bundled: bool) -> None:
@@ -270,10 +310,10 @@ def _check_spec(spec: MethodSpec, bundled: bool) -> None:
             raise CliError(f"--methods {spec.label}: confidence must be a number in (0, 1], "
                            f"got {spec.get('confidence')!r}") from None
     rule = spec.get("verification")
-    if rule is not None and rule not in ("block", "traversal", "token"):
-        raise CliError(f"--methods {spec.label}: verification must be block, traversal or "
-                       f"token (the exact rules; --verification typical applies to all), got "
-                       f"{rule!r}")
+    if rule is not None and rule not in ("block", "traversal", "token", "typical"):
+        raise CliError(f"--methods {spec.label}: verification must be block, traversal, token "
+                       f"(the exact rules) or typical (NOT exact; --typical-epsilon and "
+                       f"--typical-delta set it), got {rule!r}")
     if spec.kind == "published" and spec.get("dir") is None:
         raise CliError(f"--methods {spec.label}: published needs dir=DIR (the drafter's "
                        "directory)")
@@ -305,7 +345,7 @@ def method_args(args, spec: MethodSpec) -> argparse.Namespace:
                                         "p-eagle") else None
     method.drafter_dir = directory if kind == "published" else None
     method.datastore = directory if kind == "retrieval" else None
-    method.greedy_draft = "greedy" in given
+    method.greedy_draft = given.get("greedy", "off") != "off"
     method.min_confidence = None if "confidence" not in given else float(given["confidence"])
     method.skip = given.get("skip")
     method.lookahead = given.get("lookahead", "5,4,5").replace("/", ",")
@@ -315,6 +355,8 @@ def method_args(args, spec: MethodSpec) -> argparse.Namespace:
     method.k_from_heads = kind in ("medusa", "published") and "k" not in given
     method.dynamic_tree = given["tree"].replace("/", ",") if "tree" in given else None
     method.verification = given.get("verification", args.verification)
+    if method.verification != "typical":  # the typical rule's settings are not this rule's
+        method.typical_epsilon = method.typical_delta = None
     method.adaptive_length = False
     method.no_speculation = False
     method.prefill_chunk = None
@@ -335,6 +377,7 @@ def run(args) -> int:
     )
 
     specs, questions = validate(args)
+    _check_typical_settings(args, specs)
     # The decoding commands' own checks, per method, before any model loads.
     prepared = []
     for spec in specs:
@@ -394,7 +437,11 @@ def _measure(args, prepared, questions) -> int:
         return [tokenizer.decode(row[:int(n)].tolist()) for row, n in
                 zip(jax.device_get(out.tokens), jax.device_get(out.lengths), strict=True)]
 
-    prompts = bench_prompts(questions, encode=encode, answer=answer)
+    limit = None if target.max_seq_len is None else target.max_seq_len - args.max_new_tokens
+    try:
+        prompts = bench_prompts(questions, encode=encode, answer=answer, max_tokens=limit)
+    except ValueError as error:
+        raise CliError(f"{'--questions' if args.questions else '--prompts'}: {error}") from None
     methods = []
     for spec, margs, shape in prepared:
         if margs is None:
@@ -417,7 +464,7 @@ def _measure(args, prepared, questions) -> int:
     report = bench_run(target, methods, prompts, max_new_tokens=args.max_new_tokens,
                        sampling=sampling, batch_size=args.batch_size, reps=args.reps,
                        seed=args.seed, eos_id=eos, journal=journal, resume=args.resume,
-                       progress=_progress_bar())
+                       progress=_progress_bar(), log=say)
     report.settings["machine"] = machine
     print(report.to_markdown())
     if args.json:

@@ -71,9 +71,12 @@ def load_named_tokenizer(name: str):
 
 
 def documents_of(path: str, split: str) -> list[str]:
-    """The documents of one file (a .jsonl file: one per line, its "text" field)."""
+    """The documents of one file (a .jsonl file: one per line, its "text" field); lines
+    split at line feeds only (`specjax.bench_prompts.file_lines`)."""
+    from specjax.bench_prompts import file_lines
+
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             text = f.read()
     except FileNotFoundError:
         raise CliError(f"{path} does not exist") from None
@@ -82,7 +85,7 @@ def documents_of(path: str, split: str) -> list[str]:
                        f"{error.start})") from None
     if path.endswith(".jsonl"):
         documents = []
-        for number, line in enumerate(text.splitlines(), 1):
+        for number, line in enumerate(file_lines(text), 1):
             if not line.strip():
                 continue
             try:
@@ -95,7 +98,7 @@ def documents_of(path: str, split: str) -> list[str]:
             documents.append(record["text"])
         return documents
     if split == "line":
-        return [line for line in text.splitlines() if line.strip()]
+        return [line for line in file_lines(text) if line.strip()]
     if split == "paragraph":
         return [part for part in text.split("\n\n") if part.strip()]
     return [text] if text.strip() else []
