@@ -79,7 +79,10 @@ def load_bundled(name: str, dtype=None, scan_layers: bool = False, *,
             raise FileNotFoundError(
                 f"the bundled P-EAGLE head is missing at {path}; train it with `specjax "
                 f"train-drafter --method p-eagle --out {path}`")
-        return ParallelEagle(load_head_for(path, load_bundled("target"), draft_method))
+        from specjax.drafters.parallel_eagle import head_trained_positions
+
+        return ParallelEagle(load_head_for(path, load_bundled("target"), draft_method),
+                             trained_positions=head_trained_positions(path))
     if name in HEAD_NAMES:
         from specjax_models.heads import load_head_for
 

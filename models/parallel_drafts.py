@@ -100,6 +100,12 @@ def load_parallel_draft(path: str | Path, method: str = "sample", dtype=None):
     from specjax.drafters import ParallelDraft
 
     settings = parallel_settings(path)
+    # The mask against the vocabulary config.json gives, before any weight is read.
+    declared = _declared_vocab_size(Path(path))
+    if declared is not None and settings["mask_id"] >= declared:
+        raise ValueError(f"{path}: mask token {settings['mask_id']} is outside the draft's "
+                         f"vocabulary [0, {declared}) (config.json's vocab_size); a PARD "
+                         f"checkpoint's `{PARD_KEY}` must be one of its ids")
     if settings["layout"] == "specjax":
         from specjax_models.checkpoint import load_checkpoint
 
@@ -111,7 +117,20 @@ def load_parallel_draft(path: str | Path, method: str = "sample", dtype=None):
     if settings["mask_id"] >= lm.vocab_size:
         raise ValueError(f"{path}: mask token {settings['mask_id']} is outside the draft's "
                          f"vocabulary [0, {lm.vocab_size})")
-    return ParallelDraft(lm, mask_id=settings["mask_id"], method=method)
+    positions = settings["positions"]
+    return ParallelDraft(lm, mask_id=settings["mask_id"], method=method,
+                         trained_positions=positions if isinstance(positions, int)
+                         and not isinstance(positions, bool) and positions >= 1 else None)
+
+
+def _declared_vocab_size(path: Path) -> int | None:
+    """config.json's vocab_size (ours and the published layout both write one), or None."""
+    from specjax.files import read_json
+
+    if not (path / "config.json").exists():
+        return None
+    size = read_json(path / "config.json", "download the checkpoint again").get("vocab_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def trained_positions(path: str | Path) -> int | None:

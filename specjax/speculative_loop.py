@@ -19,7 +19,7 @@ from jax import Array
 from specjax.background_compile import placed_as_outputs, while_compiling
 from specjax.causal_lm import CausalLM, prefill
 from specjax.distributed import process_local
-from specjax.drafters.base import drafter_key
+from specjax.drafters.base import drafter_key, warn_beyond_training
 from specjax.drafters.draft_model import DraftModel
 from specjax.inputs import (
     check_pad_id,
@@ -231,6 +231,8 @@ def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens:
                                              cache_size=cache_size)
     for row_sampling in distinct_configs(sampling):
         drafter.check(target, row_sampling)
+    warn_beyond_training(drafter, config.num_draft_tokens,
+                         int(np.max(batch.lengths)) + max_new_tokens)
     prefill_args = (target, drafter, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
                     resolve_key(key, sampling), jnp.int32(max_new_tokens), jnp.asarray(eos_ids),
                     running_rows(batch))

@@ -293,7 +293,9 @@ def load_head(args, choice, target):
                        "(no placeholder); pass --head DIR with a P-EAGLE head (`specjax "
                        "train-drafter --method p-eagle --draft HEAD_DIR --out DIR`), or run "
                        "this one with --drafter eagle3")
-    return ParallelEagle(head)
+    from specjax.drafters.parallel_eagle import head_trained_positions
+
+    return ParallelEagle(head, trained_positions=head_trained_positions(directory))
 
 
 def load_pair(args, sampling, lookup, speculative: bool):

@@ -299,3 +299,34 @@ def check_proposal(drafter, proposal, batch: int, num_draft_tokens: int, vocab_s
     if proposal.q is not None and not jnp.issubdtype(proposal.q.dtype, jnp.floating):
         raise TypeError(f"{name}.propose returned Proposal.q of dtype {proposal.q.dtype}; "
                         "q must be floating-point probabilities")
+
+
+def check_trained_positions(value) -> None:
+    """A parallel drafter's `trained_positions`: None (unknown) or a positive int."""
+    if value is not None and (isinstance(value, bool)
+                              or not isinstance(value, (int, np.integer)) or value < 1):
+        raise ValueError(f"trained_positions must be the K the drafter was trained for (an "
+                         f"int >= 1) or None (unknown), got {value!r}")
+
+
+def warn_beyond_training(drafter, num_draft_tokens: int, positions: int) -> None:
+    """Decoding is exact whatever K, but a drafter asked for more than it learned drafts
+    guesses: say so (once per message) when K exceeds the drafts a parallel drafter was
+    trained to make at once (`trained_positions`), or when the positions a draft model
+    reads (`positions`: the longest prompt + new tokens) or K exceed its `max_seq_len`."""
+    import warnings
+
+    name = type(drafter).__name__
+    trained = getattr(drafter, "trained_positions", None)
+    if trained is not None and num_draft_tokens > trained:
+        warnings.warn(f"{name} was trained to draft {trained} tokens at once; K="
+                      f"{num_draft_tokens} drafts the last {num_draft_tokens - trained} from "
+                      f"placeholders it never learned (exact, but they are rarely accepted: "
+                      f"K <= {trained} is faster)", stacklevel=3)
+    limit = getattr(getattr(drafter, "lm", None), "max_seq_len", None)
+    if limit is not None and max(positions, num_draft_tokens) > limit:
+        warnings.warn(f"{name}'s draft model has max_seq_len={limit}, and this request reads "
+                      f"{positions} positions (the longest prompt and the new tokens) with "
+                      f"K={num_draft_tokens}: exact, but its drafts past {limit} are "
+                      "extrapolation (a shorter request, a smaller K or a draft trained on "
+                      "longer sequences is faster)", stacklevel=3)

@@ -34,10 +34,11 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 from specjax.causal_lm import CausalLM, prefill
-from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.drafters.base import Commit, DraftContext, Proposal, check_trained_positions
 from specjax.drafters.draft_model import DraftModel, check_draft_fields
 from specjax.drafters.offset_proposals import (
     chain_from_offsets,
@@ -69,6 +70,8 @@ class ParallelDraft:
       token (PARD's `pard_token`), an id of the draft's vocabulary. method: "sample"
       (q = the warped draft distribution at each position) or "greedy" (argmax, one-hot
       q); both exact. draft_vocab, min_confidence, max_vocab_padding: as in `DraftModel`.
+      trained_positions: the K it was trained to draft at once (None: unknown); decoding
+      with more drafts warns (exact, but the drafts past it are rarely accepted).
 
     A pytree: the draft's parameters (and draft_vocab) are its leaves, the rest static.
     """
@@ -80,9 +83,13 @@ class ParallelDraft:
     max_vocab_padding: int = dataclasses.field(default=1024, metadata={"static": True})
     draft_vocab: Array | None = None
     min_confidence: float | None = dataclasses.field(default=None, metadata={"static": True})
+    trained_positions: int | None = dataclasses.field(default=None, metadata={"static": True})
 
     def __post_init__(self):
         check_draft_fields(self)
+        check_trained_positions(self.trained_positions)
+        if isinstance(self.mask_id, np.integer):  # an id read from an array or a file
+            object.__setattr__(self, "mask_id", int(self.mask_id))
         # With a reduced draft vocabulary the draft reads every target id: `check` bounds
         # the mask by the target's vocabulary then.
         bound = self.lm.vocab_size if self.draft_vocab is None else None

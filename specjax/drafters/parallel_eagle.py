@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from specjax.causal_lm import CausalLM
-from specjax.drafters.base import Commit, DraftContext, Proposal
+from specjax.drafters.base import Commit, DraftContext, Proposal, check_trained_positions
 from specjax.drafters.eagle import HEAD_SCRATCH_SLOTS, Eagle, accepted_feature_index
 from specjax.drafters.feature_head import init_head_cache
 from specjax.drafters.offset_proposals import (
@@ -63,6 +63,19 @@ class ParallelEagleState:
     pending: Array
 
 
+def head_trained_positions(directory: str | Path) -> int | None:
+    """The K a parallel head in `directory` was trained for (`positions` in the
+    metadata.json `specjax train-drafter --method p-eagle` writes), None when unrecorded."""
+    import json
+
+    try:
+        positions = json.loads((Path(directory) / "metadata.json").read_text()).get("positions")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return positions if isinstance(positions, int) and not isinstance(positions, bool) \
+        and positions >= 1 else None
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, eq=False)
 class ParallelEagle:
@@ -70,10 +83,14 @@ class ParallelEagle:
 
     head: an `Eagle` whose config has a `mask_id` (its parameters hold `mask_hidden`); its
     method ("sample" or "greedy"), draft vocabulary and `min_confidence` apply as they do
-    to the head drafting autoregressively.
+    to the head drafting autoregressively. trained_positions: the K it was trained to
+    draft at once (None: unknown); decoding with more drafts warns (exact, but the drafts
+    past it are guesses the head never learned).
     """
 
     head: Eagle
+    trained_positions: int | None = dataclasses.field(default=None,
+                                                      metadata={"static": True})
 
     reads_target_features: ClassVar[bool] = True
     drafts_trees: ClassVar[bool] = True
@@ -88,12 +105,25 @@ class ParallelEagle:
                              "a parallel head is trained with `specjax train-drafter --method "
                              "p-eagle` (or specjax.training.train_parallel_head); run this "
                              "one with specjax.drafters.Eagle")
+        if "mask_hidden" not in self.head.params:
+            raise ValueError(f"the head's config has mask_id={self.head.config.mask_id} but its "
+                             "parameters hold no placeholder feature 'mask_hidden' (a head "
+                             "given a mask id by hand): adapt a trained head with "
+                             "specjax.training.with_placeholder(head, mask_id) and train it "
+                             "(`specjax train-drafter --method p-eagle`)")
+        rows = self.head.embedding.shape[0]
+        if self.mask_id >= rows:
+            raise ValueError(f"the head's mask_id {self.mask_id} is not a row of its "
+                             f"embedding ({rows} rows, ids 0..{rows - 1})")
+        check_trained_positions(self.trained_positions)
 
     @classmethod
     def load(cls, directory: str | Path, embedding: Array, lm_head: Array,
              method: str = "sample") -> ParallelEagle:
-        """A parallel head saved by `save` (or `specjax train-drafter --method p-eagle`)."""
-        return cls(Eagle.load(directory, embedding, lm_head, method))
+        """A parallel head saved by `save` (or `specjax train-drafter --method p-eagle`),
+        with the K it was trained for when its metadata.json records it."""
+        return cls(Eagle.load(directory, embedding, lm_head, method),
+                   trained_positions=head_trained_positions(directory))
 
     def save(self, directory: str | Path) -> None:
         self.head.save(directory)
@@ -122,9 +152,6 @@ class ParallelEagle:
 
     def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
         self.head.check(target, sampling)
-        if self.mask_id >= self.head.embedding.shape[0]:
-            raise ValueError(f"the head's mask_id {self.mask_id} is not a row of its "
-                             f"embedding ({self.head.embedding.shape[0]} rows)")
 
     def forwards_per_step(self, num_draft_tokens: int,
                           tree: TreeShape | DynamicTree | None = None) -> int:
