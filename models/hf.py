@@ -45,6 +45,7 @@ from specjax_models.hf_config import (  # noqa: F401  (re-exported)
 from specjax_models.hf_deepseek import attention_weight_map, interleaved_rope, rope_columns_to_ours
 from specjax_models.hf_moe import expert_weight_map, experts_to_hf, experts_to_ours
 from specjax_models.model_cache import cached_model
+from specjax_models.params import TensorShapeError
 from specjax_models.safetensors_layout import checkpoint_files
 from specjax_models.sharded import loading_placement, shard
 from specjax_models.transformer import (
@@ -135,12 +136,18 @@ def layer_weight_map(config: TransformerConfig, layer: int, hf_names: set[str],
     return mapping
 
 
-def to_ours(read, hf_names: tuple[str, ...], transform) -> np.ndarray:
+def to_ours(read, hf_names: tuple[str, ...], transform, shape: tuple | None = None
+            ) -> np.ndarray:
     """Our parameter from its HF tensors (`read(name)` reads one), by `_weight_map`'s
-    transform."""
+    transform; `shape`: ours, which a stack of experts is checked against tensor by
+    tensor (`ExpertShapeError` names the one that differs, in the file's layout)."""
     if transform == "experts" or transform[0] == "fused_experts":
-        return experts_to_ours([read(name) for name in hf_names], transform)
+        return experts_to_ours(read, hf_names, transform, shape)
     array = read(hf_names[0])
+    if shape is not None and transform in ("T", "id"):  # checked in the file's layout
+        expected = tuple(shape)[::-1] if transform == "T" else tuple(shape)
+        if tuple(array.shape) != expected:
+            raise TensorShapeError(hf_names[0], tuple(array.shape), expected)
     if transform == "T":
         return array.T
     if transform == "id":
@@ -198,9 +205,12 @@ def from_pretrained(path: str | Path, dtype=None, scan_layers: bool = False, *,
         from specjax_models.published_drafters import load_drafter
 
         if not has_mtp_module(Path(path)):
+            layers = (read_json(Path(path) / "config.json", "download it again").get(
+                "num_hidden_layers") if (Path(path) / "config.json").exists() else None)
+            deepseek = f"model.layers.{layers if isinstance(layers, int) else 'L'}.*"
             raise ValueError(f"{path} carries no multi-token-prediction module "
-                             f"({MTP_PREFIX}* tensors, or DeepSeek's model.layers."
-                             "{num_hidden_layers}.*); load it without mtp=True")
+                             f"({MTP_PREFIX}* tensors, or DeepSeek's {deepseek} after its "
+                             "num_hidden_layers layers); load it without mtp=True")
         target = from_pretrained(path, dtype, scan_layers, cache=cache, mesh=mesh,
                                  rules=rules)
         return target, load_drafter(path, target)
@@ -262,9 +272,11 @@ def _convert_pretrained(path: Path, hf_config: dict, file_of: dict, dtype, scan_
                     return other.get_tensor(hf_name)
 
             for name, hf_names, transform in items:
-                array = to_ours(read, hf_names, transform)
                 try:
+                    array = to_ours(read, hf_names, transform, filler.shape_of(name))
                     filler.set(name, array)
+                except TensorShapeError as error:  # names its own tensor (its shard may differ)
+                    raise ValueError(f"{path / file_of[error.tensor]}: {error}") from None
                 except ValueError as error:
                     raise ValueError(f"{path / file_name}: tensor {hf_names[0]}: "
                                      f"{error}") from None

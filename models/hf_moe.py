@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from specjax_models.config import TransformerConfig
+from specjax_models.params import TensorShapeError
 
 # model_type -> the dense family whose attention and norms it shares.
 MOE_MODEL_TYPES = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3",
@@ -151,14 +152,29 @@ def expert_weight_map(config: TransformerConfig, layer: int, hf_names: set[str])
     return mapping
 
 
-def experts_to_ours(arrays: list[np.ndarray], transform) -> np.ndarray:
+def experts_to_ours(read, names: tuple[str, ...], transform, shape_EIO: tuple | None = None
+                    ) -> np.ndarray:
     """Our stacked kernel [E, in, out] from per-expert HF Linear weights [out, in]
     ("experts"), or from one fused [E, parts x out, in] tensor (("fused_experts", i, n)):
-    its i-th block of rows."""
+    its i-th block of rows. `read(name)` reads a tensor; with our shape `shape_EIO` each
+    is checked, in the file's layout, before it is used (`TensorShapeError`)."""
     if transform == "experts":
-        return np.stack([np.asarray(array).T for array in arrays])
+        expected = None if shape_EIO is None else (shape_EIO[2], shape_EIO[1])
+        arrays = []
+        for name in names:
+            array = np.asarray(read(name))
+            if expected is not None and tuple(array.shape) != expected:
+                raise TensorShapeError(name, tuple(array.shape), expected)
+            arrays.append(array.T)
+        return np.stack(arrays)
     _, index, parts = transform
-    (fused,) = arrays
+    (name,) = names
+    fused = read(name)
+    if shape_EIO is not None:
+        experts, inputs, outputs = shape_EIO
+        expected = (experts, parts * outputs, inputs)
+        if tuple(fused.shape) != expected:
+            raise TensorShapeError(name, tuple(fused.shape), expected)
     rows = fused.shape[1] // parts
     return np.ascontiguousarray(np.swapaxes(fused[:, index * rows:(index + 1) * rows], 1, 2))
 

@@ -38,7 +38,7 @@ from jax import Array
 from specjax.drafters import Eagle, FeatureHeadConfig, ModelBlock
 from specjax_models.cache import KVCache, write_rows
 from specjax_models.config import TransformerConfig
-from specjax_models.params import ParamFiller
+from specjax_models.params import ParamFiller, TensorShapeError
 from specjax_models.transformer import Block, _ShapeOnlyKeys
 
 # The MTP module's own tensors beside its decoder layer (`model.layers.{L}.` + name).
@@ -135,10 +135,15 @@ def load_deepseek_mtp(hf_config: dict, weights, embedding: Array, lm_head: Array
             raise ValueError(f"{where}: the MTP module lacks {lacking[0] if lacking else name!r}"
                              f" (needed for {name}); the checkpoint does not match its "
                              "config.json")
-        array = to_ours(weights.read_raw, hf_names, transform)
-        if tuple(array.shape) != tuple(shape):
-            raise ValueError(f"{where}: {hf_names[0]} gives {name} the shape "
-                             f"{tuple(array.shape)}, expected {tuple(shape)} by config.json")
+        try:  # checked in the file's layout, naming the shard that holds the tensor
+            array = to_ours(weights.read_raw, hf_names, transform, tuple(shape))
+        except TensorShapeError as error:
+            raise ValueError(f"{where / weights.file_of[error.tensor]}: {error}") from None
+        if tuple(array.shape) != tuple(shape):  # a transform the file layout cannot check
+            raise ValueError(f"{where / weights.file_of[hf_names[0]]}: tensor {hf_names[0]} "
+                             f"converts to shape {tuple(array.shape)}, expected "
+                             f"{tuple(shape)} by config.json; the checkpoint does not match "
+                             "its config.json")
         filler.set(name, array)
     block = ModelBlock.from_nnx(nnx.merge(graphdef, filler.state()))
     params = {"embed_norm": weights.take(prefix + "enorm.weight", (d_model,)),

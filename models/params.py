@@ -47,6 +47,17 @@ def on_device(array, dtype, sharding=None) -> Array:
     return jnp.asarray(array, dtype)
 
 
+class TensorShapeError(ValueError):
+    """A checkpoint tensor whose shape, in the file's own layout, differs from what
+    config.json implies; `tensor` is its name (the caller adds the file it is in)."""
+
+    def __init__(self, tensor: str, found: tuple, expected: tuple):
+        self.tensor = tensor
+        super().__init__(f"tensor {tensor} has shape {tuple(found)}, expected "
+                         f"{tuple(expected)} by config.json; the checkpoint does not match "
+                         "its config.json")
+
+
 class ParamFiller:
     """Assembles a model's parameters from per-layer arrays (`layers.{i}.X`, as
     checkpoints store them), into the stacked layout (`layers.X` [L, ...]) of a model with
@@ -78,16 +89,25 @@ class ParamFiller:
                 out.append((name, shape))
         return out
 
-    def set(self, name: str, array) -> None:
-        import numpy as np
-
+    def _located(self, name: str) -> tuple[str, int | None, tuple]:
+        """(the leaf's name, the layer or None, the leaf's whole shape) of a target."""
         parts = name.split(".")
         stacked, layer = name, None
         if parts[0] == "layers" and parts[1].isdigit() and name not in self._leaves:
             stacked, layer = "layers." + ".".join(parts[2:]), int(parts[1])
         if stacked not in self._leaves:
             raise KeyError(f"the model has no parameter {name}")
-        shape = tuple(self._leaves[stacked][1].get_value().shape)
+        return stacked, layer, tuple(self._leaves[stacked][1].get_value().shape)
+
+    def shape_of(self, name: str) -> tuple:
+        """The shape `set(name, ...)` takes."""
+        _, layer, shape = self._located(name)
+        return shape if layer is None else shape[1:]
+
+    def set(self, name: str, array) -> None:
+        import numpy as np
+
+        stacked, layer, shape = self._located(name)
         want = shape if layer is None else shape[1:]
         if tuple(array.shape) != want:
             raise ValueError(f"{name} has shape {tuple(array.shape)}, expected {want}")

@@ -95,8 +95,10 @@ class PublishedWeights:
         checkpoint tensor at a time; with `host_dtype`, a numpy array of that dtype (the
         id maps)."""
         if name not in self.names:
-            raise ValueError(f"{self.directory}: the drafter's weights lack {name!r} (found "
-                             f"{sorted(self.names)[:6]} ...); {REMEDY}")
+            raise ValueError(f"{self.directory}: the drafter's weights lack {name!r}; "
+                             f"{self._neighbours(name)}: the checkpoint holds another "
+                             "layout of this drafter, or was saved without this tensor (a "
+                             "conversion that drops it): use the checkpoint as published")
         array = self._read(name)
         if shape is not None and tuple(array.shape) != tuple(shape):
             raise ValueError(f"{self.directory / self.file_of[name]}: tensor {name!r} has "
@@ -108,6 +110,18 @@ class PublishedWeights:
         on_device = jnp.asarray(array)
         del array
         return (on_device.T if transpose else on_device).astype(self.float_dtype)
+
+    def _neighbours(self, name: str) -> str:
+        """What the weights hold beside a missing tensor: the names that share its longest
+        prefix (its module: model.layers.61.*, not the target's other tensors)."""
+        parts = name.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            prefix = ".".join(parts[:cut]) + "."
+            near = sorted(n for n in self.names if n.startswith(prefix))
+            if near:
+                more = f" and {len(near) - 8} more" if len(near) > 8 else ""
+                return f"{prefix}* holds {', '.join(near[:8])}{more}"
+        return f"no tensor shares its prefix (the weights hold {len(self.names)} tensors)"
 
     def ignore(self, *names: str) -> None:
         self.used.update(n for n in names if n in self.names)

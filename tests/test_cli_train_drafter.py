@@ -120,6 +120,10 @@ def test_train_a_p_eagle_head_then_generate_with_it(tmp_path):
     (["--mask-id", "259"], "--mask-id 259 is outside the draft's vocabulary"),
     (["--positions", "0"], "--positions must be an int in [1, 64]"),
     (["--cod-ratio", "1.5"], "--cod-ratio must be a number in (0, 1]"),
+    (["--mask-id", "65"], "--mask-id 65 is the byte 0x41, which UTF-8 text holds ('A'"),
+    (["--mask-id", "200"], "--mask-id 200 is the byte 0xc8, which UTF-8 text holds"),
+    (["--positions", "40", "--seq-len", "64", "--prompt-len", "8", "--cod-min", "0.01"],
+     "--positions 40: with --seq-len 64 and COD"),
 ])
 def test_parallel_training_refuses_bad_settings_before_any_data(tmp_path, args, message):
     out = run_cli("train-drafter", "--method", "pard", "--out", str(tmp_path / "p"), *args)

@@ -2,6 +2,7 @@
 made here, nothing downloaded), export round trips, tokenizers, and a speculative pair."""
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -299,3 +300,73 @@ def test_deepseek_mtp_layers_are_not_the_targets(tmp_path):
     np.testing.assert_allclose(specjax_models.from_pretrained(tmp_path).logits(TOKENS),
                                _hf_logits(hf, TOKENS), atol=2e-4, rtol=1e-4)
 
+
+
+def _rewrite(path, change):
+    """Rewrite model.safetensors through `change(tensors)`."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("family, tensor, published", [
+    ("mixtral", "model.layers.1.mlp.experts.3.gate_proj.weight", (128, 64)),
+    ("deepseek_v3", "model.layers.1.mlp.experts.2.down_proj.weight", (64, 32)),
+])
+def test_an_expert_tensor_of_the_wrong_shape_is_named_with_its_file(family, tensor,
+                                                                     published, tmp_path):
+    """A stack of experts is checked tensor by tensor, in the file's layout, before it is
+    stacked (not numpy's 'all input arrays must have the same shape')."""
+    _hf_model(family).save_pretrained(tmp_path)
+    names = _saved_names(tmp_path)
+    if tensor not in names:  # Mixtral's published block name
+        tensor = tensor.replace(".mlp.", ".block_sparse_moe.").replace(
+            "gate_proj", "w1").replace("down_proj", "w2")
+    assert tensor in names
+    _rewrite(tmp_path, lambda t: t.update({tensor: np.zeros((5, 7), np.float32)}))
+    with pytest.raises(ValueError, match=re.escape(
+            f"{tmp_path / 'model.safetensors'}: tensor {tensor} has shape (5, 7), expected "
+            f"{published} by config.json")):
+        specjax_models.from_pretrained(tmp_path)
+
+
+def test_a_fused_expert_tensor_of_the_wrong_shape_is_named(tmp_path):
+    from safetensors.torch import save_file
+
+    hf = _hf_model("qwen3_moe")
+    hf.save_pretrained(tmp_path)
+    state = {name: tensor.contiguous() for name, tensor in hf.state_dict().items()}
+    fused = next(name for name in state if name.endswith("experts.gate_up_proj"))
+    expected = tuple(state[fused].shape)
+    state[fused] = state[fused][:, :-2].contiguous()
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=re.escape(
+            f"tensor {fused} has shape {(expected[0], expected[1] - 2, expected[2])}, "
+            f"expected {expected}")):
+        specjax_models.from_pretrained(tmp_path)
+
+
+def test_a_transposed_tensor_is_reported_in_the_files_layout(tmp_path):
+    _hf_model("llama3").save_pretrained(tmp_path)
+    name = "model.layers.0.self_attn.k_proj.weight"  # [kv heads x head dim, hidden]
+    _rewrite(tmp_path, lambda t: t.update({name: np.zeros((64, 32), np.float32)}))
+    with pytest.raises(ValueError, match=re.escape(
+            f"tensor {name} has shape (64, 32), expected (32, 64)")):
+        specjax_models.from_pretrained(tmp_path)
+
+
+def test_asking_for_an_absent_mtp_module_names_the_layer_it_looked_for(tmp_path):
+    _hf_model("llama3").save_pretrained(tmp_path)
+    layers = json.loads((tmp_path / "config.json").read_text())["num_hidden_layers"]
+    with pytest.raises(ValueError, match=re.escape(f"model.layers.{layers}.*")) as error:
+        specjax_models.from_pretrained(tmp_path, mtp=True)
+    assert "{" not in str(error.value)
+
+
+def _saved_names(path) -> set:
+    from safetensors import safe_open
+
+    with safe_open(path / "model.safetensors", framework="numpy") as handle:
+        return set(handle.keys())

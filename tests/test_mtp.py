@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -307,3 +308,25 @@ def test_deepseek_v3_mtp_from_a_checkpoint_equals_the_reference(tmp_path):
     state = half.init(tokens, jnp.asarray(lengths), 32, features=features)
     np.testing.assert_allclose(np.asarray(half._logits(state.root_hidden)), ours, rtol=0.05,
                                atol=0.05)
+
+
+@pytest.mark.slow
+def test_a_routed_expert_of_the_wrong_shape_in_the_mtp_module_is_named(tmp_path):
+    """DeepSeek's MTP module stacks its routed experts as the target does: a tensor of the
+    wrong shape is named with its file and config.json's shape, in the file's layout."""
+    from conftest import tiny_deepseek_model
+    from safetensors.numpy import load_file, save_file
+
+    path = tiny_deepseek_model(tmp_path / "deepseek")
+    layer = json.loads((path / "config.json").read_text())["num_hidden_layers"]
+    target = specjax_models.from_pretrained(path)
+    name = f"model.layers.{layer}.mlp.experts.5.up_proj.weight"
+    file = next(f for f in sorted(path.glob("*.safetensors")) if name in load_file(str(f)))
+    tensors = load_file(str(file))
+    expected = tensors[name].shape
+    tensors[name] = np.zeros((expected[0] + 1, expected[1]), np.float32)
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=re.escape(
+            f"{file}: tensor {name} has shape {(expected[0] + 1, expected[1])}, expected "
+            f"{tuple(expected)} by config.json")):
+        specjax_models.load_drafter(path, target)

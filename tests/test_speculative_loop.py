@@ -165,7 +165,10 @@ def test_stats_are_consistent(tiny_lm, close_draft):
     assert s.acceptance_rate == pytest.approx(s.accepted.sum() / s.proposed.sum())
     assert s.mean_accepted_length == pytest.approx(s.emitted.sum() / s.target_forwards.sum())
     np.testing.assert_array_equal(s.emitted, out.lengths)
-    np.testing.assert_array_equal(s.proposed, 4 * s.target_forwards)
+    # K drafts a step, but near the row's end only those that fit its room (a draft past
+    # max_new_tokens is not proposed): rooms of 3, 2, 1 take at most 1 + 2 + 3 off.
+    assert np.all(0 <= 4 * s.target_forwards - s.proposed)
+    assert np.all(4 * s.target_forwards - s.proposed <= 6)
     per_position = s.row_accepted_per_position
     assert np.all(np.diff(per_position, axis=1) <= 0)  # a prefix: j+1 accepted => j accepted
     np.testing.assert_allclose(per_position.sum(1) * s.target_forwards, s.accepted)

@@ -45,10 +45,32 @@ def parallel_settings(args, vocab_size: int, what: str):
     if mask_id >= vocab_size:
         raise CliError(f"--mask-id {mask_id} is outside the {what}'s vocabulary [0, "
                        f"{vocab_size})")
+    if byte_vocabulary and mask_id < 256 and not never_in_utf8(mask_id):
+        raise CliError(f"--mask-id {mask_id} is the byte {mask_id:#04x}, which UTF-8 text "
+                       f"holds ({chr(mask_id)!r} in ASCII): the mask must be an id the texts "
+                       f"never hold; on this byte-level vocabulary take a byte UTF-8 never "
+                       f"uses (0xc0, 0xc1, 0xf5-0xff: e.g. {PARALLEL_MASK_ID}, the default)"
+                       if mask_id < 128 else
+                       f"--mask-id {mask_id} is the byte {mask_id:#04x}, which UTF-8 text "
+                       "holds (inside multi-byte characters): the mask must be an id the "
+                       "texts never hold; on this byte-level vocabulary take a byte UTF-8 "
+                       f"never uses (0xc0, 0xc1, 0xf5-0xff: e.g. {PARALLEL_MASK_ID}, the "
+                       "default)")
     if args.positions >= args.seq_len - args.prompt_len:
         raise CliError(f"--positions {args.positions} needs continuations longer than that "
                        f"(--seq-len {args.seq_len} - --prompt-len {args.prompt_len})")
+    kept = parallel.kept(args.seq_len)
+    if min(kept) < 1:
+        raise CliError(f"--positions {args.positions}: with --seq-len {args.seq_len} and COD "
+                       f"(--cod-ratio {args.cod_ratio}, --cod-min {args.cod_min}) drafts "
+                       f"{kept.index(min(kept)) + 1} and later are never trained (no position "
+                       "kept); lower --positions or raise --cod-min or --seq-len")
     return mask_id, parallel
+
+
+def never_in_utf8(byte: int) -> bool:
+    """Bytes that no UTF-8 text holds: 0xc0, 0xc1 (overlong leads) and 0xf5-0xff."""
+    return byte in (0xC0, 0xC1) or byte >= 0xF5
 
 
 def _train_pard(args, drafter_data) -> int:
@@ -93,9 +115,12 @@ def _train_pard(args, drafter_data) -> int:
         f"{args.positions} drafts per forward, mask id {mask_id}, COD {args.cod_ratio} "
         f"(min {args.cod_min}){', aligned' if args.aligned else ''}")
     started = time.perf_counter()
-    result = train_parallel(draft, data, train_config, parallel, batch_size=args.batch_size,
-                            checkpoint_dir=out / "run", heldout=held, seed=args.seed,
-                            max_seconds=args.max_seconds)
+    try:
+        result = train_parallel(draft, data, train_config, parallel,
+                                batch_size=args.batch_size, checkpoint_dir=out / "run",
+                                heldout=held, seed=args.seed, max_seconds=args.max_seconds)
+    except ValueError as error:
+        raise CliError(str(error)) from None
     seconds = time.perf_counter() - started
     steps = result.history[-1]["step"] if result.history else 0
     last_eval = next((h for h in reversed(result.history) if "heldout_loss" in h), {})
