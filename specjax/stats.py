@@ -37,7 +37,10 @@ class SpeculativeStats:
       when unknown (stats built from counts, or merged from runs under different rules).
     A draft counts as proposed and accepted only where it could become output: drafts
     past a row's max_new_tokens (and past the EOS that ends it) are neither, so alpha and
-    tau agree on short requests.
+    tau agree on short requests. The per-position figures (accepted_per_position,
+    accepted_length_distribution) count what verification accepted, uncut: unbiased
+    per-offset estimates whatever the limit (so acceptance_rate is their mean only where
+    no step was cut).
     """
 
     acceptance_rate: float

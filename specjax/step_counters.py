@@ -6,6 +6,9 @@ drafts past the row's room (its max_new_tokens, or the EOS that ended it) are ne
 that at a short limit the acceptance rate and tau tell the same story (a step with one
 token of room verifies K drafts but can use one). A tree's proposed count stays its nodes
 (depth, not a node's index, decides what fits); its accepted count is cut the same way.
+The per-position counts (`accepted_per_position`, `accepted_length_counts`) stay uncut:
+they describe what verification accepted at each offset, an estimate of the drafter's
+per-position acceptance that a short request does not bias.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ def advance_counters(state, verdict, offered_B: Array, num_emitted_B: Array, don
         room_B = state.max_new_tokens - (state.lengths - state.prompt_lengths)
         ended_B = done_B & (num_emitted_B < jnp.minimum(verdict.num_accepted + 1, room_B))
         offered_B = jnp.minimum(offered_B, jnp.where(ended_B, num_emitted_B, room_B))
-    kept_path_BD = jnp.where(jnp.arange(depth)[None] < num_accepted_B[:, None], verdict.path,
-                             -1)
-    on_path_BN = jnp.any(kept_path_BD[:, :, None] == jnp.arange(num_nodes)[None, None, :],
+    # The per-position counts describe the verification itself, uncut: an unbiased
+    # estimate of each offset's acceptance whatever the token limit (DESIGN.md section 7).
+    on_path_BN = jnp.any(verdict.path[:, :, None] == jnp.arange(num_nodes)[None, None, :],
                          axis=1)
     return dict(
         target_forwards=state.target_forwards + active_i,
@@ -43,7 +46,7 @@ def advance_counters(state, verdict, offered_B: Array, num_emitted_B: Array, don
         accepted_per_position=state.accepted_per_position
         + (on_path_BN & active_B[:, None]).astype(jnp.int32),
         accepted_length_counts=state.accepted_length_counts
-        + ((num_accepted_B[:, None] == jnp.arange(num_nodes + 1)[None])
+        + ((verdict.num_accepted[:, None] == jnp.arange(num_nodes + 1)[None])
            & active_B[:, None]).astype(jnp.int32),
         step_accepted=jnp.where(active_B, num_accepted_B, 0),
         step_emitted=num_emitted_B,

@@ -55,5 +55,6 @@ def test_a_tree_counts_only_the_accepted_nodes_it_emitted(tiny_lm):
     stats = specjax.speculative_generate(tiny_lm, DraftModel(tiny_lm, "greedy"), PROMPTS,
                                          max_new_tokens=2, tree=tree, sampling=GREEDY).stats
     assert np.all(stats.accepted <= stats.emitted)
+    # The per-position counts stay uncut: what verification accepted at each node.
     on_path = np.rint(stats.row_accepted_per_position * stats.target_forwards[:, None])
-    np.testing.assert_array_equal(on_path.sum(1), stats.accepted)
+    assert np.all(on_path.sum(1) >= stats.accepted) and np.any(on_path.sum(1) > stats.accepted)
