@@ -28,9 +28,12 @@ def test_merging_runs_equals_one_batched_run(tiny_lm):
                                   batched.row_accepted_length_counts)
     np.testing.assert_allclose(merged.accepted_length_distribution,
                                batched.accepted_length_distribution)
-    # The depth histogram agrees with the accepted counts it summarises.
+    # The depth histogram agrees with the per-position counts (both what verification
+    # accepted, uncut); the accepted count (drafts that became output) is at most that.
     depths = np.arange(4)
-    np.testing.assert_array_equal(batched.row_accepted_length_counts @ depths, batched.accepted)
+    on_path = np.rint(batched.row_accepted_per_position * batched.target_forwards[:, None])
+    np.testing.assert_array_equal(batched.row_accepted_length_counts @ depths, on_path.sum(1))
+    assert np.all(batched.accepted <= on_path.sum(1))
     assert batched.nodes_per_step == 3
     assert merged.num_steps >= batched.num_steps  # three loops run at least as many steps
 
