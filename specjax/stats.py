@@ -27,7 +27,8 @@ class SpeculativeStats:
     accepted_length_distribution [N+1]: fraction of verify steps that accepted d nodes,
       d = 0..N (for a tree, the accepted depth; entries past the tree's depth are 0).
     nodes_per_step: nodes (drafts) the target verified per forward, besides the last
-      committed token (N; a row's count stops when it finishes).
+      committed token (N; a row's count stops when it finishes), of a chain only those
+      that could become output (`proposed` / `target_forwards`).
     target_forwards / draft_forwards: per row, while the row was running (prefill
     excluded); emitted / proposed / accepted / checked: per-row counts; num_steps:
     batched verify forwards run.
