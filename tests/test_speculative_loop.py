@@ -171,7 +171,9 @@ def test_stats_are_consistent(tiny_lm, close_draft):
     assert np.all(4 * s.target_forwards - s.proposed <= 6)
     per_position = s.row_accepted_per_position
     assert np.all(np.diff(per_position, axis=1) <= 0)  # a prefix: j+1 accepted => j accepted
-    np.testing.assert_allclose(per_position.sum(1) * s.target_forwards, s.accepted)
+    # Per-position counts are what verification accepted (uncut by max_new_tokens): at
+    # least the drafts that became output.
+    assert np.all(np.rint(per_position.sum(1) * s.target_forwards) >= s.accepted)
     assert s.num_steps == s.target_forwards.max()
     assert set(s.as_dict()) >= {"acceptance_rate", "mean_accepted_length",
                                 "accepted_per_position", "target_forwards", "draft_forwards"}
