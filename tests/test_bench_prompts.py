@@ -110,3 +110,26 @@ def test_a_chat_without_a_template_is_the_text_in_order():
     assert raw_chat_text([{"role": "user", "content": "def f("},
                           {"role": "assistant", "content": "x):"},
                           {"role": "user", "content": "def g("}]) == "def f(x):\ndef g("
+
+
+def test_a_prompt_too_long_for_the_run_is_refused_by_its_question_before_any_answer():
+    """A 100,000-character turn is named by its question_id and turn, as soon as it is
+    encoded: no earlier turn is answered (the answers are the long work)."""
+    questions = [Question("7", "short", ("hi", "again")),
+                 Question("81", "essays", ("x" * 100_000,))]
+    answered = []
+
+    def answer(chats):
+        answered.append(chats)
+        return ["ok"] * len(chats)
+
+    with pytest.raises(ValueError, match=r"question 81 \(essays\) is 100000 tokens long; "
+                                         r"this run decodes prompts of at most 2000 tokens"):
+        bench_prompts(questions, encode=lambda chat: [1] * len(chat[-1]["content"]),
+                      answer=answer, max_tokens=2000)
+    assert answered == []
+    # A later turn counts the earlier turns and their answers.
+    with pytest.raises(ValueError, match=r"question 7, turn 2 \(short\) is 9 tokens long "
+                                         r"with the earlier turns and their answers"):
+        bench_prompts(questions[:1], answer=answer, max_tokens=5,
+                      encode=lambda chat: [1] * sum(len(m["content"]) for m in chat))
