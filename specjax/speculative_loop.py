@@ -218,6 +218,38 @@ def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens:
     `step.compiled_step`), the program that will take the state under that config is
     lowered and compiled in a background thread while the prefill compiles and runs
     (`specjax.background_compile`), the first time these shapes come."""
+    config, drafter, prefill_args, prefill_static, batch = prefill_inputs(
+        target, draft, prompts, max_new_tokens=max_new_tokens,
+        num_draft_tokens=num_draft_tokens, sampling=sampling, key=key, eos_id=eos_id,
+        prompt_lengths=prompt_lengths, cache_size=cache_size, tree=tree,
+        verification=verification)
+    compile_next = None
+    if next_program is not None:
+        program = next_program
+        # Keyed as the program is compiled: by the sampling values' compile key, so a new
+        # temperature, top-k or top-p finds its program compiled.
+        params = sampling_params(config.sampling, len(batch.lengths))
+        step_key = compile_key(config, params)
+        signature = _signature(program, step_key, prefill_args, prefill_static)
+        # The prefill's trace, shared with its call below: only the shapes are needed.
+        shapes = None if signature in _COMPILED_NEXT else placed_as_outputs(
+            _init_state.eval_shape(*prefill_args, **prefill_static), prefill_args)
+        if shapes is not None:
+
+            def compile_next():
+                program.lower(target, drafter, shapes, step_key, params,
+                              drafter_type=drafter_key(drafter)).compile()
+                _COMPILED_NEXT.add(signature)
+    state = while_compiling(compile_next, lambda: _init_state(*prefill_args, **prefill_static))
+    return state, drafter, config
+
+
+def prefill_inputs(target: CausalLM, draft, prompts, *, max_new_tokens: int, num_draft_tokens,
+                   sampling, key, eos_id, prompt_lengths, cache_size, tree,
+                   verification=None):
+    """The checked inputs of a speculative decoder's prefill program (`_init_state`):
+    `(config, drafter, prefill_args, prefill_static, batch)`, every host-side check made
+    (`specjax.portability` lowers the programs from them without running any)."""
     sampling = settings_for_padded_rows(target, prompts, sampling)
     config = speculative_config(num_draft_tokens, sampling, tree, draft, verification)
     tree = config.tree
@@ -238,25 +270,7 @@ def _init_speculative_state(target: CausalLM, draft, prompts, *, max_new_tokens:
                     running_rows(batch))
     prefill_static = dict(capacity=capacity, num_draft_tokens=config.num_draft_tokens,
                           drafter_type=drafter_key(drafter))
-    compile_next = None
-    if next_program is not None:
-        program = next_program
-        # Keyed as the program is compiled: by the sampling values' compile key, so a new
-        # temperature, top-k or top-p finds its program compiled.
-        params = sampling_params(config.sampling, len(batch.lengths))
-        step_key = compile_key(config, params)
-        signature = _signature(program, step_key, prefill_args, prefill_static)
-        # The prefill's trace, shared with its call below: only the shapes are needed.
-        shapes = None if signature in _COMPILED_NEXT else placed_as_outputs(
-            _init_state.eval_shape(*prefill_args, **prefill_static), prefill_args)
-        if shapes is not None:
-
-            def compile_next():
-                program.lower(target, drafter, shapes, step_key, params,
-                              drafter_type=drafter_key(drafter)).compile()
-                _COMPILED_NEXT.add(signature)
-    state = while_compiling(compile_next, lambda: _init_state(*prefill_args, **prefill_static))
-    return state, drafter, config
+    return config, drafter, prefill_args, prefill_static, batch
 
 
 
