@@ -1,5 +1,13 @@
-"""The measurements an accelerator session owes the project, in one bounded run.
+"""The measurements an accelerator session owes the project, in one bounded run. It needs
+only models it builds (the bundled pair, real-size architectures with pseudo-random
+weights): a device call carries no SmolLM2 checkpoint.
 
+0. The roofline at real sizes (`benchmarks/roofline.py`): Llama-3.2-1B and Llama-3.1-8B
+   shapes in bfloat16, unrolled and scanned layers, batches 1, 8, 32 and forward widths
+   1, 2, 5, 9, 17: seconds per forward against the bytes it must move at the chip's
+   bandwidth (its specification, and a copy probe in the same run), v(w) at those sizes,
+   and the oracle loop's efficiency (the 1B shape drafting for itself, float32), with the
+   compile seconds of each program.
 1. The verify-cost curve v(K): one cached forward of K + 1 tokens per row in one-token
    target steps, for K + 1 in {1, 2, 3, 5, 9, 17, 33, 65}, batch 1, on the bundled target
    and SmolLM2-135M, float32 and bfloat16, unrolled against scanned layers (each forward
@@ -7,7 +15,7 @@
 2. The decode-phase speedup over plain decoding (greedy, batch 1, same run, compile
    excluded) of the draft-model chain, the EAGLE-3 dynamic tree, prompt lookup, lookahead,
    retrieval from the row's own text and layer skipping, on the bundled pair (its shipped draft
-   and head) and SmolLM2 (the shipped distilled draft and EAGLE-3 head); and the costs of
+   and head); and the costs of
    a published-layout EAGLE-3 head (random weights of the target's width, read by
    `specjax_models.load_drafter`; no hub on the device: a random head is rarely accepted,
    so its decode speedup at tau near 1 is the price of its drafting and verifying).
@@ -63,35 +71,51 @@ def load_models(dry_run: bool, dtype=None, scan_layers: bool = False) -> dict:
     """name -> (target, draft model or drafter, EAGLE-3 head, prompt ids)."""
     tok = specjax_models.ByteTokenizer()
     prompt = next(p for p in specjax_models.bundled_prompts() if p["kind"] == "continue")
-    models = {"bundled": (specjax_models.load_bundled("target", dtype, scan_layers),
-                          lambda: specjax_models.load_bundled("draft", dtype, scan_layers),
-                          lambda: specjax_models.load_bundled("eagle3"),
-                          tok.encode(prompt["text"]))}
-    if dry_run:
-        return models
-    try:
-        path = specjax_models.smollm2_path()
-    except FileNotFoundError as error:
-        print(f"skipping SmolLM2: {error}", flush=True)
-        return models
-    target = specjax_models.from_gguf(path, dtype=dtype, scan_layers=scan_layers)
-    ids = specjax_models.gguf_tokenizer(path).apply_chat_template(
-        [{"role": "user", "content": "Rewrite this sentence in the passive voice: the cat "
-                                     "chased the mouse across the garden."}])
+    del dry_run  # the bundled pair at every size: real sizes are the roofline's
+    return {"bundled": (specjax_models.load_bundled("target", dtype, scan_layers),
+                        lambda: specjax_models.load_bundled("draft", dtype, scan_layers),
+                        lambda: specjax_models.load_bundled("eagle3"),
+                        tok.encode(prompt["text"]))}
 
-    def draft():
-        from specjax_models import SMOLLM2_DRAFT, load_layer_draft
 
-        return load_layer_draft(SMOLLM2_DRAFT, target, "greedy")
+# The roofline's grid on a device, and its CI size (the smallest published shape).
+ROOFLINE = {"llama-3.2-1b": dict(layouts=("unrolled", "scanned"), batches=(1, 8, 32)),
+            "llama-3.1-8b": dict(layouts=("unrolled", "scanned"), batches=(1, 8))}
+DRY_ROOFLINE = {"qwen2.5-0.5b": dict(layouts=("unrolled",), batches=(1,))}
 
-    def head():
-        from specjax_models import SMOLLM2_HEAD
-        from specjax_models.heads import load_head_for
 
-        return load_head_for(SMOLLM2_HEAD, target)
+def roofline(args, budget: Budget) -> dict:
+    """Section 0: rows of `benchmarks.roofline` (forwards, then the oracle loop)."""
+    from benchmarks import roofline as rl
+    from specjax_models.real_sizes import real_size_config
 
-    models["SmolLM2-135M"] = (target, draft, head, ids)
-    return models
+    rows_path = args.out / "roofline.jsonl"
+    args.out.mkdir(parents=True, exist_ok=True)
+    done = rl._done(rows_path)
+    dtype = "float32" if args.dry_run else "bfloat16"
+    probes = rl.measure_probes(rows_path, done, {dtype, "float32"}, small=args.dry_run)
+    widths = (1, 2) if args.dry_run else (1, 2, 5, 9, 17)
+    context = 32 if args.dry_run else 256
+    grid = DRY_ROOFLINE if args.dry_run else ROOFLINE
+    for name, where in grid.items():
+        build = rl.random_builder(name)
+        for layout in where["layouts"]:
+            if not budget.allows(f"roofline {name} {dtype} {layout}"):
+                continue
+            config = real_size_config(name, dtype, scan_layers=layout == "scanned",
+                                      max_seq_len=context + max(widths) + 8)
+            rl.measure_forwards(name, config, build, where["batches"], widths, context,
+                                args.reps, args.steps, rows_path, done, probes)
+    oracle = next(iter(grid))
+    if budget.allows(f"oracle loop {oracle}"):
+        lm = rl.random_builder(oracle)(real_size_config(
+            oracle, "float32", max_seq_len=context + 96 + args.new_tokens))
+        rl.measure_oracle(oracle, lm, 4, args.new_tokens, rows_path, done)
+        del lm
+    rows = {k: v for k, v in done.items() if k != "probes"}
+    (args.out / "roofline.md").write_text(rl.markdown(rows, probes, machine_record(),
+                                                      "python -m benchmarks.device"))
+    return rows
 
 
 def verify_costs(args, budget: Budget) -> list[dict]:
@@ -202,6 +226,9 @@ def write(out: Path, payload: dict) -> None:
     lines = ["# Device run", "", f"`{payload['machine']['command']}` on "
              f"{', '.join(payload['machine']['devices'])} (jax {payload['machine']['jax']}, "
              f"backend {payload['machine']['jax_backend']}).", ""]
+    if payload.get("roofline"):
+        lines += ["The roofline at real sizes (forwards against the chip's bandwidth, v(w), "
+                  "the oracle loop's efficiency): `roofline.md` beside this file.", ""]
     if payload["verify"]:
         lines += ["## Verify cost v(K): a forward of K + 1 tokens in one-token steps "
                   "(batch 1, 64 tokens of context)", ""]
@@ -254,8 +281,11 @@ def main(argv=None) -> None:
     args.new_tokens = args.new_tokens or (12 if args.dry_run else 96)
     budget = Budget(args.budget_s)
     payload = {"machine": machine_record(), "args": {k: str(v) for k, v in vars(args).items()},
-               "verify": [], "decode": [], "moe": [], "skipped": budget.skipped}
+               "roofline": {}, "verify": [], "decode": [], "moe": [],
+               "skipped": budget.skipped}
     started = time.monotonic()
+    payload["roofline"] = roofline(args, budget)
+    write(args.out, payload)
     payload["moe"] = moe_verify_costs(args, budget)
     write(args.out, payload)
     payload["decode"] = decode_speedups(args, budget)

@@ -144,6 +144,29 @@ def matmul_probe(dtype: str, size: int = 2048, reps: int = 5) -> float:
     return 2 * size ** 3 / float(np.median(seconds))
 
 
+def measure_probes(rows_path: Path, done: dict, dtypes, small: bool = False) -> dict:
+    """The limits to measure against, once per results file: the bandwidth probes and
+    the matmul peak of each dtype (on an accelerator, the chip's specification where it
+    is known, the probes beside it); kept as the file's "probes" row."""
+    import jax
+
+    probes = done.get("probes") or {"key": "probes", **copy_probe(64 if small else 1024)}
+    for dtype in dtypes:
+        probes.setdefault(f"peak_{dtype}", matmul_probe(dtype, 256 if small else 4096))
+    device = jax.devices()[0]
+    spec = chip_spec(getattr(device, "device_kind", "")) if device.platform != "cpu" else None
+    measured = max(("copy", "read", "stream"), key=lambda n: probes[f"{n}_bytes_per_s"])
+    probes["bandwidth"], probes["bandwidth_source"] = (
+        (spec[0], f"{device.device_kind}'s specification") if spec
+        else (probes[f"{measured}_bytes_per_s"], f"the {measured} probe, the fastest"))
+    if spec:
+        probes["peak_bfloat16"], probes["peak_float32"] = spec[1], spec[2]
+    if "probes" not in done:
+        _append(rows_path, probes)
+        done["probes"] = probes
+    return probes
+
+
 # ---------------------------------------------------------------- measuring
 
 def _done(path: Path) -> dict:
@@ -310,7 +333,6 @@ def main(argv=None) -> int:
                         help="a tiny grid on the smallest model (CI)")
     parser.add_argument("--out", default="benchmarks/results/roofline_cpu")
     args = parser.parse_args(argv)
-    import jax
 
     from benchmarks.common import command_line, machine_record
 
@@ -328,21 +350,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     rows_path = out.with_suffix(".jsonl")
     done = _done(rows_path)
-    probes = done.get("probes") or {"key": "probes", **copy_probe(
-        64 if args.dry_run else 512)}
-    for dtype in dtypes:
-        probes.setdefault(f"peak_{dtype}", matmul_probe(dtype, 256 if args.dry_run else 2048))
-    device = jax.devices()[0]
-    spec = chip_spec(getattr(device, "device_kind", "")) if device.platform != "cpu" else None
-    measured = max(("copy", "read", "stream"), key=lambda n: probes[f"{n}_bytes_per_s"])
-    probes["bandwidth"], probes["bandwidth_source"] = (
-        (spec[0], f"{device.device_kind}'s specification") if spec
-        else (probes[f"{measured}_bytes_per_s"], f"the {measured} probe, the fastest"))
-    if spec:
-        probes["peak_bfloat16"], probes["peak_float32"] = spec[1], spec[2]
-    if "probes" not in done:
-        _append(rows_path, probes)
-        done["probes"] = probes
+    probes = measure_probes(rows_path, done, dtypes, small=args.dry_run)
     from specjax_models.real_sizes import real_size_config
 
     slots = args.context + max(widths) + 8

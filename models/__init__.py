@@ -33,6 +33,8 @@ _SOURCES = {
     "load_parallel_draft": "parallel_drafts", "parallel_settings": "parallel_drafts",
     "save_parallel_draft": "parallel_drafts",
     "shard": "sharded",
+    "random_model": "real_sizes", "real_size_config": "real_sizes",
+    "real_size_names": "real_sizes",
     "ByteTokenizer": "tokenizer",
     "KVCache": "transformer", "Transformer": "transformer", "TransformerConfig": "transformer",
     "count_params": "transformer", "embedding_and_head": "transformer",
@@ -73,6 +75,9 @@ __all__ = [
     "load_tokenizer",
     "parallel_layer_settings",
     "parallel_settings",
+    "random_model",
+    "real_size_config",
+    "real_size_names",
     "save_checkpoint",
     "save_layer_draft",
     "save_parallel_draft",
@@ -119,6 +124,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
         save_parallel_draft,
     )
     from specjax_models.published_drafters import load_drafter
+    from specjax_models.real_sizes import random_model, real_size_config, real_size_names
     from specjax_models.tokenizer import ByteTokenizer
     from specjax_models.transformer import (
         KVCache,

@@ -55,8 +55,8 @@ _SOURCES = {
     "TreeShape": "specjax.trees",
     "TypicalAcceptance": "specjax.typical_acceptance",
 }
-_MODULES = ("analysis", "bench", "datastore", "distributed", "drafters", "layer_search", "sharding",
-            "verification")
+_MODULES = ("analysis", "bench", "datastore", "distributed", "drafters", "layer_search",
+            "portability", "sharding", "verification")
 
 __all__ = [
     "GREEDY",
@@ -96,6 +96,7 @@ __all__ = [
     "init_speculative_state",
     "layer_search",
     "jitted_step",
+    "portability",
     "probabilities",
     "sample_tokens",
     "sampling_params",
@@ -119,6 +120,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
         distributed,
         drafters,
         layer_search,
+        portability,
         sharding,
         verification,
     )

@@ -44,3 +44,12 @@ def test_the_device_script_runs_every_measurement_at_ci_size(tmp_path):
     assert "Verify cost v(K)" in report and "Decode-phase speedup" in report
     assert "v(n) of a mixture of experts" in report
     assert (tmp_path / "machine.txt").exists()
+    # The roofline at the smallest real size: forwards against the limits, the oracle.
+    roofline = result["roofline"]
+    forwards = [r for r in roofline.values() if "width" in r]
+    assert {(r["batch"], r["width"]) for r in forwards} == {(1, 1), (1, 2)}
+    assert all(r["bytes"] > 1e9 and 0 < r["limit_fraction"] for r in forwards)
+    oracle = next(r for r in roofline.values() if "efficiency" in r)
+    assert oracle["exact"] is True and oracle["tau"] > 3.0
+    assert "| qwen2.5-0.5b | float32 | unrolled | 1 | 2 |" in (
+        tmp_path / "roofline.md").read_text()
