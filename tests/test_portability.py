@@ -106,3 +106,38 @@ def test_decoders_on_a_mesh_lower_for_tpu_and_cuda():
         for program in ("prefill", "decode loop", "speculative loop"):
             for platform in ("tpu", "cuda"):
                 assert f"('{program}', '{platform}')" in line, line
+
+
+def _weight_shapes(lm) -> set[str]:
+    """The shapes of the model's kernels and embeddings, as StableHLO writes them."""
+    return {"x".join(map(str, x.shape)) for x in jax.tree.leaves(lm.params) if x.ndim >= 2}
+
+
+def test_the_step_a_chip_runs_converts_no_weight(tiny_lm):
+    """bfloat16 weights enter the accelerator's matmuls as they are: the speculative loop
+    lowered for TPU and CUDA holds no conversion of a weight-sized buffer (on CPU, XLA's
+    own backend upcasts bfloat16 dots: docs/benchmarks.md, "Roofline")."""
+    import re
+
+    from conftest import build_lm
+
+    from specjax.drafters.base import drafter_key
+    from specjax.sampling import sampling_params
+    from specjax.speculative_loop import _speculative_loop, init_speculative_state
+    from specjax.step import SpeculativeConfig, compile_key
+
+    lm = build_lm(0, d_model=96, d_ff=160, vocab_size=48, dtype="bfloat16",
+                  param_dtype="bfloat16")
+    weights = _weight_shapes(lm)
+    state, drafter = init_speculative_state(lm, DraftModel(lm), [[1, 2, 3, 1, 2]],
+                                            max_new_tokens=8, num_draft_tokens=3,
+                                            sampling=SAMPLED, key=jax.random.key(0))
+    config = SpeculativeConfig(num_draft_tokens=3, sampling=SAMPLED)
+    params = sampling_params(SAMPLED, 1)
+    exported = jax.export.export(_speculative_loop.current(), platforms=PLATFORMS)(
+        lm, drafter, state, compile_key(config, params), params,
+        drafter_type=drafter_key(drafter))
+    converted = re.findall(r"stablehlo\.convert.*: \(tensor<([\dx]+)xbf16>\) -> tensor<",
+                           exported.mlir_module())
+    assert converted, "the check must see the program's conversions (activations)"
+    assert [shape for shape in converted if shape in weights] == []

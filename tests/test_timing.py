@@ -1,6 +1,7 @@
 """specjax.timing: wall time waits for the arrays, step costs time what a decode loop runs,
 alternation and medians. No speed is asserted (benchmarks measure it)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -59,3 +60,21 @@ def test_the_spread_does_not_overflow_at_any_batch():
     assert tokens.min() >= 0 and tokens.max() < 50_000
     assert tokens[-1, 0] == (104_729 * (rows - 1)) % 50_000
     assert tokens[-1, 1] == (104_729 * (rows - 1) + 7919) % 50_000
+
+
+def test_the_timed_program_takes_the_weights_as_arguments(tiny_lm):
+    """The weights are arguments of the timed program, not constants baked into it (a
+    closure over the model did that: a real-size model then took half a minute and 9 GB
+    to compile each timer), and one program serves every timer of the same shapes."""
+    from specjax.timing import forward_loop
+
+    cache = tiny_lm.init_cache(2, 32)
+    token = jnp.zeros((2,), jnp.int32)
+    compiled = forward_loop.lower(tiny_lm, cache, token, num_tokens=3, position=8,
+                                  steps=2).compile()
+    weights = sum(x.nbytes for x in jax.tree.leaves(tiny_lm.params))
+    assert compiled.memory_analysis().argument_size_in_bytes >= weights
+    before = forward_loop._cache_size()
+    forward_timer(tiny_lm, 2, 3, cache_slots=32, position=8, steps=2)
+    forward_timer(tiny_lm, 2, 3, cache_slots=32, position=8, steps=2)
+    assert forward_loop._cache_size() - before <= 1
