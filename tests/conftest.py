@@ -351,6 +351,15 @@ def assert_trees_follow_offsets(drafter, state, context, argmax) -> None:
     assert argmax[0] in np.asarray(grown.tokens[0])[np.asarray(depths) == 1]
 
 
+def run_script(template: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """A Python script in a process of its own on the CPU (virtual devices set inside it),
+    its `{tests}` placeholder filled with this folder; output captured as text. The
+    caller asserts its return code (the stderr says what failed)."""
+    script = template.format(tests=str(Path(__file__).parent))
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=timeout, env=subprocess_env(JAX_PLATFORMS="cpu"))
+
+
 def run_cli(*args, timeout: float = 240, input: str | None = None, env=None,
             real_checkpoint: bool = False):
     """`python -m specjax.cli ARGS` in a subprocess, its output captured as text.

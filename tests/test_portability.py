@@ -2,16 +2,13 @@
 chains and trees, greedy and sampled, on one device and on a mesh) lowers for TPU and
 for CUDA from this CPU machine, and a program that cannot is named with its platform."""
 
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import subprocess_env
+from conftest import run_script
 
 from specjax import GREEDY, DraftModel, DynamicTree, SamplingConfig
 from specjax.portability import (
@@ -97,9 +94,7 @@ MESH_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow  # a process of its own on 2 virtual devices
 def test_decoders_on_a_mesh_lower_for_tpu_and_cuda():
-    script = MESH_SCRIPT.format(tests=str(Path(__file__).parent))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=300, env=subprocess_env(JAX_PLATFORMS="cpu"))
+    out = run_script(MESH_SCRIPT)
     assert out.returncode == 0, out.stderr
     for spec in ("data=2", "model=2"):
         line = next(x for x in out.stdout.splitlines() if x.startswith(spec))

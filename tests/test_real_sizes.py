@@ -3,15 +3,12 @@ are the published checkpoints'), pseudo-random weights drawn where they live (on
 or each shard on its device), and a size that does not fit refused before anything is
 allocated."""
 
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from conftest import subprocess_env
+from conftest import run_script
 
 import specjax
 from specjax_models import real_sizes
@@ -111,8 +108,6 @@ MESH_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow  # a process of its own on 4 virtual devices
 def test_on_a_mesh_each_device_draws_its_own_shards():
-    script = MESH_SCRIPT.format(tests=str(Path(__file__).parent))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=300, env=subprocess_env(JAX_PLATFORMS="cpu"))
+    out = run_script(MESH_SCRIPT)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split("SPLIT")[1]) >= 8  # the kernels are split over the mesh
