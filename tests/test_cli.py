@@ -146,3 +146,22 @@ def test_layers_auto_scans_short_requests_only():
     assert not scan_layers(parse("--layers", "unrolled", n=1))
     with pytest.raises(SystemExit):
         parser.parse_args(["--layers", "stacked"])
+
+
+def test_a_16_bit_checkpoint_decoded_on_a_cpu_loads_in_float32_where_it_fits(tmp_path):
+    """XLA's CPU backend converts 16-bit kernels to float32 in every step (Llama-3.2-1B's
+    shape: 9x slower in bfloat16, docs/benchmarks.md): --hf loads a bfloat16 checkpoint
+    in float32 on a CPU when twice its weights fit, and leaves other cases alone."""
+    import json
+
+    from specjax.cli.loading import cpu_decoding_dtype
+
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
+    assert cpu_decoding_dtype(str(tmp_path), "cpu", 10_000) == "float32"
+    assert cpu_decoding_dtype(str(tmp_path), "cpu", 2_500) is None  # would not fit
+    assert cpu_decoding_dtype(str(tmp_path), "gpu", 10_000) is None  # bf16 is native there
+    assert cpu_decoding_dtype(str(tmp_path), "cpu", None) is None  # memory unknown
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+    assert cpu_decoding_dtype(str(tmp_path), "cpu", 10_000) is None
+    assert cpu_decoding_dtype(str(tmp_path / "missing"), "cpu", 10_000) is None

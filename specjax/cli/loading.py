@@ -23,6 +23,7 @@ from specjax.cli.common import (
     check_dir,
     check_rule_fits,
     refuse_target_with_smollm2,
+    say,
     scan_layers,
     verification_rule,
 )
@@ -143,13 +144,47 @@ def check_published_options(args) -> None:
                        "head); drop --drafter / --draft / --head")
 
 
+def cpu_decoding_dtype(directory: str, platform: str, available: int | None) -> str | None:
+    """float32 for a 16-bit checkpoint decoded on a CPU when its float32 weights fit in
+    `available` bytes with room to spare (XLA's CPU backend converts every 16-bit kernel to
+    float32 in every step: Llama-3.2-1B's shape decodes 9x slower in bfloat16 than in
+    float32 there, docs/benchmarks.md "Roofline"); None (the checkpoint's own dtype)
+    otherwise."""
+    import json
+    from pathlib import Path
+
+    if platform != "cpu":
+        return None
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the loader says what is wrong
+    stored = config.get("torch_dtype") or config.get("dtype")
+    if stored not in ("bfloat16", "float16"):
+        return None
+    weights = sum(p.stat().st_size for p in Path(directory).glob("*.safetensors"))
+    if available is None or 2 * weights > 0.7 * available:
+        return None
+    return "float32"
+
+
 def load_hf(directory: str, mesh=None, scan: bool = False):
     """A Hugging Face target (on `mesh` when given, its layers scanned when `scan`) and its
-    tokenizer, the loaders' refusals as the option's."""
-    import specjax_models
+    tokenizer, the loaders' refusals as the option's. A 16-bit checkpoint decoded on a
+    CPU is loaded in float32 where it fits (`cpu_decoding_dtype`), said on stderr."""
+    import jax
 
+    import specjax_models
+    from specjax_models.real_sizes import device_memory_bytes
+
+    platform = jax.default_backend()
+    dtype = cpu_decoding_dtype(directory, platform, device_memory_bytes()
+                               if platform == "cpu" else None)
+    if dtype is not None:
+        say(f"--hf {directory}: a 16-bit checkpoint on the CPU, loaded in float32 (XLA's "
+            "CPU backend converts 16-bit weights in every step: several times slower)")
     try:
-        return (specjax_models.from_pretrained(directory, scan_layers=scan, mesh=mesh),
+        return (specjax_models.from_pretrained(directory, dtype, scan_layers=scan, mesh=mesh),
                 specjax_models.load_tokenizer(directory))
     except (FileNotFoundError, ValueError, ImportError) as error:
         raise CliError(f"--hf {directory}: {error}") from None
@@ -414,7 +449,6 @@ def finish_drafter(args, drafter):
 def search_layer_skip(args, target, ids, sampling, key):
     """`--skip auto`: the fastest of the measured candidate sets on this prompt (printed,
     so that the next run can pass it), as the finished drafter."""
-    from specjax.cli.common import say
     from specjax.layer_search import search_skip_layers
 
     say("specjax: measuring which blocks to skip on this prompt (one compile per candidate)")
