@@ -87,6 +87,7 @@ def test_loading_a_gguf_file_does_not_import_orbax():
 TESTED_IN = {
     "specjax/drafters/base.py": "test_step.py",  # the drafter contract, as the step checks it
     "specjax/branches.py": "test_step.py",  # the step's in-place choice of verify width
+    "specjax/cli/bench_methods.py": "test_cli_bench.py",  # --methods, as the command parses it
     "specjax/drafters/feature_head.py": "test_eagle.py",  # the block the EAGLE heads run
     "specjax/drafters/head_files.py": "test_eagle.py",  # saving, loading, damaged heads
     "specjax/training/checkpoints.py": "test_training.py",
