@@ -227,14 +227,13 @@ def random_model(name: str, dtype: str = "bfloat16", *, scan_layers: bool = Fals
 
     import specjax
     from specjax_models.sharded import _ShardedInitCache, loading_placement
-    from specjax_models.transformer import Transformer
+    from specjax_models.transformer import abstract_transformer
 
     config = real_size_config(name, dtype, scan_layers=scan_layers, max_seq_len=max_seq_len)
     check_fits(name, config, devices=1 if mesh is None else mesh.size,
                extra_bytes=extra_bytes)
     rules, placement = loading_placement(mesh, rules)
-    structure, abstract = nnx.split(nnx.eval_shape(
-        lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)
+    structure, abstract = nnx.split(abstract_transformer(config), nnx.Param)
     shardings = None
     if placement is not None:
         where = placement.for_model(config)
