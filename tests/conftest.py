@@ -102,6 +102,9 @@ if "SPECJAX_MODEL_CACHE" not in os.environ:
     import tempfile
 
     os.environ["SPECJAX_MODEL_CACHE"] = tempfile.mkdtemp(prefix="specjax-test-models-")
+# `--layers auto` follows its fixed rule in tests, not timings earlier tests recorded, so the
+# programs a test compiles do not depend on the order tests ran in (specjax/cli/layouts.py).
+os.environ.setdefault("SPECJAX_LAYOUT_TIMINGS", "off")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

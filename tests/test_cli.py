@@ -129,19 +129,24 @@ def test_compiled_programs_go_to_the_cache_folder_unless_turned_off(tmp_path):
     assert on.stdout == off.stdout
 
 
-def test_layers_auto_scans_short_requests_only():
-    """`--layers auto` scans the target's layers up to SCANNED_UP_TO_TOKENS new tokens (a
-    sooner start wins there) and unrolls them beyond; an explicit layout is kept."""
+def test_layers_auto_scans_short_requests_only_before_anything_is_measured():
+    """With no timings recorded (the suite turns them off), `--layers auto` scans the
+    target's layers up to SCANNED_UP_TO_TOKENS new tokens and unrolls them beyond; an
+    explicit layout is kept; the choice and its reason are left on the arguments."""
     import argparse
 
-    from specjax.cli.common import SCANNED_UP_TO_TOKENS, add_layers_option, scan_layers
+    from specjax.cli.common import add_layers_option, scan_layers
+    from specjax.cli.layouts import SCANNED_UP_TO_TOKENS
 
     parser = argparse.ArgumentParser()
     add_layers_option(parser)
     parse = lambda *argv, n: argparse.Namespace(**vars(parser.parse_args(argv)),
-                                                max_new_tokens=n)
+                                                max_new_tokens=n, model="bundled",
+                                                target="target", drafter=None, draft=None)
     assert scan_layers(parse(n=16)) and scan_layers(parse(n=SCANNED_UP_TO_TOKENS))
-    assert not scan_layers(parse(n=SCANNED_UP_TO_TOKENS + 1))
+    args = parse(n=SCANNED_UP_TO_TOKENS + 1)
+    assert not scan_layers(args)
+    assert args.layers_chosen == "unrolled" and "nothing measured" in args.layers_reason
     assert scan_layers(parse("--layers", "scanned", n=1000))
     assert not scan_layers(parse("--layers", "unrolled", n=1))
     with pytest.raises(SystemExit):

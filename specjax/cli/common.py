@@ -236,28 +236,31 @@ def add_self_speculation_options(parser) -> None:
                              "--num-draft-tokens)")
 
 
-# `--layers auto` scans the target's layers up to this many new tokens. Measured warm on
-# SmolLM2 (2 cores, docs/benchmarks.md): the scanned step loads from the persistent cache
-# ~1.7 s sooner (one layer's code instead of 30) and decodes at ~0.75x the unrolled
-# tokens/s, so a request shorter than ~170 tokens finishes sooner scanned.
-SCANNED_UP_TO_TOKENS = 160
-
-
 def add_layers_option(parser) -> None:
+    from specjax.cli.layouts import SCANNED_UP_TO_TOKENS
+
     parser.add_argument("--layers", choices=("auto", "scanned", "unrolled"), default="auto",
                         help="the target's layer layout: scanned (one lax.scan over stacked "
                              "layers: a compiled step a fraction the size, loaded or compiled "
-                             "seconds sooner, decoding at ~0.75x the tokens/s on CPU) or "
-                             "unrolled; auto: scanned up to "
-                             f"{SCANNED_UP_TO_TOKENS} new tokens, where the sooner start "
-                             "wins (default: %(default)s)")
+                             "seconds sooner, each step slower where the compiler copies "
+                             "the layers' weights, as XLA CPU does) or unrolled; auto: the "
+                             "one this machine measured faster for the request's length "
+                             "(the first two runs of a model measure both; before that, "
+                             f"scanned up to {SCANNED_UP_TO_TOKENS} new tokens) "
+                             "(default: %(default)s)")
 
 
 def scan_layers(args) -> bool:
-    """Whether --layers (and --max-new-tokens, for auto) asks for scanned target layers."""
+    """Whether --layers (and, for auto, what this machine measured: specjax.cli.layouts)
+    asks for scanned target layers. The choice and its reason are kept on `args`
+    (`layers_chosen`, `layers_reason`) for the command to report and record."""
     layout = getattr(args, "layers", "unrolled")
+    reason = "--layers"
     if layout == "auto":
-        return args.max_new_tokens <= SCANNED_UP_TO_TOKENS
+        from specjax.cli.layouts import auto_layout
+
+        layout, reason = auto_layout(args)
+    args.layers_chosen, args.layers_reason = layout, reason
     return layout == "scanned"
 
 

@@ -208,6 +208,8 @@ def run(args) -> int:
         tokens = np.asarray(out.tokens)[0, :length].tolist()
         stats = out.stats if speculative else None
         summary = _summary(length, seconds, compile_seconds, stats)
+        if length:
+            remember_layout_timing(args, compile_seconds, seconds / length)
         if args.json:
             print(json.dumps({"prompt": text, "model": args.hf or args.model,
                               "text": tokenizer.decode(tokens),
@@ -232,13 +234,29 @@ def run(args) -> int:
             return 130
         later = int(stats.emitted[0]) - first_tokens
         rate = f"{later / rest_s:.1f} tokens/s" if later > 0 and rest_s > 0 else "no later steps"
+        if later > 0 and rest_s > 0:
+            remember_layout_timing(args, first_s, rest_s / later)
         summary = (f"{int(stats.emitted[0])} tokens; {rate} after the first step (which took "
                    f"{first_s:.2f} s with compilation and the prefill); acceptance "
                    f"{stats.acceptance_rate:.2f}; tau {stats.mean_accepted_length:.2f} tokens "
                    f"per target forward; verification {stats.verification}")
     if not args.quiet:
-        say(summary)
+        say(summary + layers_note(args))
     return 0
+
+
+def remember_layout_timing(args, start_seconds: float, seconds_per_token: float) -> None:
+    """What this run measured, for later runs' `--layers auto` (specjax.cli.layouts)."""
+    from specjax.cli.layouts import record_timing
+
+    if getattr(args, "layers_chosen", None) is not None:
+        record_timing(args, args.layers_chosen == "scanned", start_seconds, seconds_per_token)
+
+
+def layers_note(args) -> str:
+    if getattr(args, "layers", None) != "auto" or getattr(args, "layers_chosen", None) is None:
+        return ""
+    return f"; layers {args.layers_chosen} ({args.layers_reason})"
 
 
 def _summary(length: int, seconds: float, compile_seconds: float, stats) -> str:
