@@ -31,11 +31,11 @@ from benchmarks.common import (
     transformers_greedy,
     write_results,
 )
-from specjax.autoregressive import _decode_loop, _init_state
-from specjax.inputs import prepare_batch, running_rows
-from specjax.sampling import sampling_params
-from specjax.speculative_loop import _speculative_loop, init_speculative_state
-from specjax.step import compile_key
+from specjax.decoding.autoregressive import _decode_loop, _init_state
+from specjax.decoding.inputs import prepare_batch, running_rows
+from specjax.decoding.sampling import sampling_params
+from specjax.decoding.speculative_loop import _speculative_loop, init_speculative_state
+from specjax.decoding.step import compile_key
 
 CACHES = (256, 1024, 4096, 8192)
 NEW_TOKENS = 32

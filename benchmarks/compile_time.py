@@ -20,7 +20,7 @@ import numpy as np
 import specjax
 import specjax_models
 from benchmarks.common import machine_record, median, write_results
-from specjax.timing import wall_seconds
+from specjax.runtime.timing import wall_seconds
 
 NAME = "compile_time_cpu"
 

@@ -26,7 +26,7 @@ import numpy as np
 import specjax_models
 from benchmarks.common import command_line, machine_record, write_results
 from specjax import bench
-from specjax.bench_prompts import BenchPrompt
+from specjax.bench.prompts import BenchPrompt
 from specjax.drafters import DraftModel
 
 # A DeepSeek-V3 layout at CPU size: 4 layers (the first dense), 16 experts of which 2

@@ -11,7 +11,7 @@ weights): a device call carries no SmolLM2 checkpoint.
 1. The verify-cost curve v(K): one cached forward of K + 1 tokens per row in one-token
    target steps, for K + 1 in {1, 2, 3, 5, 9, 17, 33, 65}, batch 1, on the bundled target
    and SmolLM2-135M, float32 and bfloat16, unrolled against scanned layers (each forward
-   timed as a decode loop runs it: `specjax.timing.forward_timer`).
+   timed as a decode loop runs it: `specjax.runtime.timing.forward_timer`).
 2. The decode-phase speedup over plain decoding (greedy, batch 1, same run, compile
    excluded) of the draft-model chain, the EAGLE-3 dynamic tree, prompt lookup, lookahead,
    retrieval from the row's own text and layer skipping, on the bundled pair (its shipped draft
@@ -44,9 +44,9 @@ import specjax_models
 from benchmarks.common import machine_record
 from benchmarks.trees import measure
 from specjax.drafters import LayerSkip, Lookahead, Retrieval
-from specjax.sharding import DATA_AND_TENSOR, mesh_from_spec
-from specjax.timing import forward_timer, interleaved_medians
-from specjax.trees import DynamicTree
+from specjax.runtime.sharding import DATA_AND_TENSOR, mesh_from_spec
+from specjax.runtime.timing import forward_timer, interleaved_medians
+from specjax.trees.shapes import DynamicTree
 
 WIDTHS = (1, 2, 3, 5, 9, 17, 33, 65)
 DRY_WIDTHS = (1, 2, 3)

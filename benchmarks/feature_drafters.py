@@ -28,8 +28,8 @@ import specjax
 import specjax_models
 from benchmarks.common import RESULTS, machine_record, sampling_modes, write_results
 from benchmarks.trees import measure
-from specjax.timing import forward_timer, interleaved_medians
-from specjax.trees import DynamicTree
+from specjax.runtime.timing import forward_timer, interleaved_medians
+from specjax.trees.shapes import DynamicTree
 
 HEADS = ("medusa", "eagle", "eagle3", "mtp")
 LABELS = {"medusa": "Medusa", "eagle": "EAGLE-1", "eagle3": "EAGLE-3", "mtp": "MTP"}

@@ -41,7 +41,7 @@ from benchmarks.real_prompts import PROMPTS
 from benchmarks.self_speculation import one_token_ms
 from specjax.drafters import EarlyExit, LayerSkip
 from specjax.drafters.feature_head import init_head_cache
-from specjax.timing import wall_seconds
+from specjax.runtime.timing import wall_seconds
 from specjax_models.heads import load_head_for
 
 NAME = "kangaroo_cpu"

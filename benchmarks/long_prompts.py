@@ -32,7 +32,7 @@ from benchmarks.common import (
     transformers_greedy,
     write_results,
 )
-from specjax.causal_lm import DEFAULT_PREFILL_CHUNK
+from specjax.lm.causal_lm import DEFAULT_PREFILL_CHUNK
 
 NUM_DRAFT = 4
 REWRITE_NEW_TOKENS = 256
@@ -74,8 +74,8 @@ def prefill_memory(target, length: int) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from specjax.autoregressive import _init_state
-    from specjax.inputs import prepare_batch, running_rows
+    from specjax.decoding.autoregressive import _init_state
+    from specjax.decoding.inputs import prepare_batch, running_rows
 
     prompt = np.random.default_rng(0).integers(100, 30_000, length).astype(np.int32)
     rows = []

@@ -40,9 +40,9 @@ from benchmarks.common import (
 )
 from benchmarks.real import ours
 from benchmarks.real_prompts import PROMPTS
-from specjax.datastore import Datastore
 from specjax.drafters import Lookahead, Retrieval
-from specjax.timing import wall_seconds
+from specjax.drafters.datastore import Datastore
+from specjax.runtime.timing import wall_seconds
 
 MODES = {"greedy": specjax.GREEDY,
          "t=0.7 top-p 0.9": specjax.SamplingConfig(temperature=0.7, top_p=0.9)}

@@ -4,7 +4,7 @@
    random-weight MoE (a Mixtral layout, exported with `save_pretrained`; tokens checked
    identical), batch 1 and 8, median of alternating repetitions, compile apart.
 2. v(n): one cached forward of n tokens per row in one-token forwards
-   (`specjax.timing.forward_timer`), for the MoE and for a dense model of the same active
+   (`specjax.runtime.timing.forward_timer`), for the MoE and for a dense model of the same active
    size (its MLP as wide as the k routed experts together), beside the model
    `specjax.analysis.moe_verify_cost_ratio` (each touched expert read once).
 3. KV-cache bytes per token of multi-head latent attention (the cache `init_cache`
@@ -31,7 +31,7 @@ from benchmarks.common import (
     write_results,
 )
 from specjax import analysis
-from specjax.timing import forward_timer, interleaved_medians
+from specjax.runtime.timing import forward_timer, interleaved_medians
 
 WIDTHS = (1, 2, 3, 5, 9, 17, 33)
 # 16 experts of width 512, top 2: the active MLP is 1024 wide, as DENSE's.
@@ -162,7 +162,7 @@ def markdown(payload: dict) -> str:
                          f"{m['model_steps']:.2f} | {d.get('ms', float('nan')):.2f} | "
                          f"{d.get('steps', float('nan')):.2f} |")
         lines += ["", "Each forward's tokens differ by row and position, as drafts do "
-                  "(`specjax.timing.forward_timer`), so they route to different experts. "
+                  "(`specjax.runtime.timing.forward_timer`), so they route to different experts. "
                   "The model counts each touched expert read once. On CPU the layer "
                   "runs the tiled dispatch (`specjax_models.feed_forward`: pairs sorted "
                   "by expert, tiles of about 1.5 mean loads), so a touched expert is "

@@ -40,8 +40,8 @@ from benchmarks.common import (
     timed,
     write_results,
 )
+from specjax.decoding.sampling import sampling_params
 from specjax.drafters import DraftContext
-from specjax.sampling import sampling_params
 
 NAMES = {"draft": "parallel_draft_cpu", "heads": "p_eagle_cpu",
          "smollm2": "parallel_draft_smollm2_cpu"}

@@ -34,7 +34,7 @@ import specjax
 import specjax_models
 from benchmarks.common import RESULTS, machine_record, median, write_results
 from benchmarks.real_prompts import PROMPTS
-from specjax.timing import wall_seconds
+from specjax.runtime.timing import wall_seconds
 
 K = 4
 DRAFT_LAYERS = 4

@@ -22,7 +22,7 @@ import numpy as np
 
 import specjax_models
 from benchmarks.common import machine_record, write_results
-from specjax.timing import wall_seconds
+from specjax.runtime.timing import wall_seconds
 from specjax_models import SMOLLM2_HEAD
 from specjax_models.heads import load_head_for
 

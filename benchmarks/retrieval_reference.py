@@ -34,11 +34,11 @@ import specjax
 import specjax_models
 from benchmarks.common import machine_record, smollm2, write_results
 from benchmarks.real_prompts import PROMPTS
-from specjax.datastore import Datastore
 from specjax.drafters import Retrieval
 from specjax.drafters.base import DraftContext
-from specjax.timing import wall_seconds
-from specjax.trees import node_paths
+from specjax.drafters.datastore import Datastore
+from specjax.runtime.timing import wall_seconds
+from specjax.trees.shapes import node_paths
 
 MAX_SPAN = 16
 

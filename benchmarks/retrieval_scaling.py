@@ -23,8 +23,8 @@ import specjax
 import specjax_models
 from benchmarks.common import RESULTS, machine_record, smollm2, write_results
 from benchmarks.real_prompts import PROMPTS
-from specjax.datastore import Datastore
 from specjax.drafters import Retrieval
+from specjax.drafters.datastore import Datastore
 
 NAME = "retrieval_scaling_cpu"
 

@@ -1,7 +1,7 @@
 """How far one forward is from the machine's physical limits, at real sizes.
 
 For each model x dtype x layer layout x batch x forward width: the seconds of one cached
-forward (`specjax.timing.forward_timer`: forwards inside one jit, as a decode loop runs
+forward (`specjax.runtime.timing.forward_timer`: forwards inside one jit, as a decode loop runs
 them), the bytes it must move (every weight once, the KV cache it reads, the keys and
 values it writes) and its FLOPs (2 per multiply-add of every matmul, attention's QK and
 PV over the cache), and the bandwidth and FLOP/s reached, as fractions of the machine's:
@@ -190,7 +190,7 @@ def measure_forwards(name, config, build, batches, widths, context, reps, steps,
                      done, probes) -> None:
     """One model's forwards over batches x widths (rows appended as measured); `config`
     its TransformerConfig, `build(config)` makes it (once, when a row is missing)."""
-    from specjax.timing import forward_timer, interleaved_medians
+    from specjax.runtime.timing import forward_timer, interleaved_medians
 
     costs = model_costs(config)
     dtype, layout = config.param_dtype, "scanned" if config.scan_layers else "unrolled"
@@ -229,8 +229,8 @@ def measure_oracle(name, lm, k, new_tokens, rows_path, done) -> None:
     """The speculative loop's overhead: the target drafting for itself (greedy, every
     draft accepted) through `specjax.bench.run`, its speedup against the ideal."""
     import specjax
-    from specjax.bench import BenchMethod, run
-    from specjax.bench_prompts import BenchPrompt
+    from specjax.bench.prompts import BenchPrompt
+    from specjax.bench.runner import BenchMethod, run
 
     dtype = str(jax_dtype_of(lm))
     key = f"oracle/{name}/{dtype}/k{k}/n{new_tokens}"

@@ -47,7 +47,7 @@ from benchmarks.common import (
 )
 from benchmarks.report import ConfigResult, PeerResult, Roofline, SuiteResult, render
 from benchmarks.speculative_vs_ar import forward_seconds, step_cost_table
-from specjax.inputs import plan_capacity
+from specjax.decoding.inputs import plan_capacity
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,8 +40,8 @@ from benchmarks.model_free import CACHE_SIZE, MODES, verify_cost, verify_costs
 from benchmarks.real import ours
 from benchmarks.real_prompts import PROMPTS
 from specjax.drafters import AdaptiveLength, LayerSkip
-from specjax.layer_search import search_skip_layers
-from specjax.timing import wall_seconds
+from specjax.drafters.layer_search import search_skip_layers
+from specjax.runtime.timing import wall_seconds
 
 NAME = "self_speculation_cpu"
 

@@ -31,7 +31,7 @@ LOAD = """
 import resource, sys, time, jax
 jax.config.update("jax_num_cpu_devices", 3)
 import specjax, specjax_models
-from specjax.sharding import mesh_from_spec
+from specjax.runtime.sharding import mesh_from_spec
 start = time.perf_counter()
 mesh = None if sys.argv[1] == "one device" else mesh_from_spec(sys.argv[1])
 lm = specjax_models.from_gguf(specjax_models.smollm2_path(), cache=False, mesh=mesh)
@@ -49,7 +49,7 @@ def decoding(reps: int) -> tuple[dict, dict]:
     import specjax
     import specjax_models
     import specjax_models.sharded
-    from specjax.sharding import default_rules, mesh_from_spec
+    from specjax.runtime.sharding import default_rules, mesh_from_spec
 
     def model(layers: int, seed: int):
         config = specjax_models.TransformerConfig(

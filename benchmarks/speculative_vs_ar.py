@@ -40,7 +40,7 @@ from benchmarks.common import (
     write_results,
 )
 from specjax import analysis
-from specjax.timing import forward_timer, step_costs
+from specjax.runtime.timing import forward_timer, step_costs
 
 
 def truncated_pair(seed: int = 0, draft_layers: int = 1):
@@ -71,7 +71,8 @@ def forward_seconds(lm, batch: int, num_tokens: int, reps: int, **where) -> floa
 
 
 def step_cost_table(target, draft, batch, ks, reps, **where) -> dict:
-    """`specjax.timing.step_costs` with twice the rounds (these figures carry the report)."""
+    """`specjax.runtime.timing.step_costs` with twice the rounds (these figures carry the
+    report)."""
     return step_costs(target, draft, batch, ks, 2 * max(reps, 5), **where)
 
 

@@ -32,11 +32,11 @@ import numpy as np
 import specjax
 import specjax_models
 from benchmarks.common import machine_record, median, write_results
-from specjax.autoregressive import _decode_loop, _init_state, decode_step
-from specjax.sampling import sampling_params
-from specjax.speculative_loop import _speculative_loop, init_speculative_state
-from specjax.step import compile_key, speculative_step
-from specjax.timing import wall_seconds
+from specjax.decoding.autoregressive import _decode_loop, _init_state, decode_step
+from specjax.decoding.sampling import sampling_params
+from specjax.decoding.speculative_loop import _speculative_loop, init_speculative_state
+from specjax.decoding.step import compile_key, speculative_step
+from specjax.runtime.timing import wall_seconds
 
 NAME = "traced_settings_cpu"
 SETTINGS = {"greedy": specjax.GREEDY,
@@ -88,7 +88,7 @@ def _runner(decoder: str, mode: str, target, draft, ids, batch: int, sampling, n
     key = jax.random.key(0)
     eos = jnp.full((1,), -1, jnp.int32)
     if decoder == "plain":
-        from specjax.inputs import prepare_batch, running_rows
+        from specjax.decoding.inputs import prepare_batch, running_rows
 
         packed, capacity, _ = prepare_batch(target, prompts, None, new_tokens, sampling, None)
         params = sampling_params(sampling, batch)

@@ -27,10 +27,10 @@ import numpy as np
 import specjax
 import specjax_models
 from benchmarks.common import RESULTS, machine_record, median, sampling_modes, write_results
-from specjax.inputs import plan_capacity
-from specjax.speculative_loop import drafters_tree
-from specjax.timing import forward_timer, interleaved_medians, wall_seconds
-from specjax.trees import DynamicTree, TreeShape
+from specjax.decoding.inputs import plan_capacity
+from specjax.decoding.speculative_loop import drafters_tree
+from specjax.runtime.timing import forward_timer, interleaved_medians, wall_seconds
+from specjax.trees.shapes import DynamicTree, TreeShape
 
 GEOMETRIC_PRIOR = [0.5 ** (r + 1) for r in range(8)]
 SIZES = (16, 32, 64)

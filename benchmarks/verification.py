@@ -40,8 +40,8 @@ from benchmarks.common import (
     write_results,
 )
 from specjax.drafters import Retrieval
-from specjax.trees import DynamicTree, TreeShape
-from specjax.typical_acceptance import TypicalAcceptance
+from specjax.trees.shapes import DynamicTree, TreeShape
+from specjax.verification.typical_acceptance import TypicalAcceptance
 
 NAME = "verification_cpu"
 MODES = {"greedy": specjax.GREEDY, "t=1": specjax.SamplingConfig(temperature=1.0),

@@ -164,7 +164,8 @@ def exactness():
             "analytical curve.\n\nRuntime: about a minute on a CPU."),
         new_code_cell(INSTALL),
         new_code_cell(SETUP + PLOTS + "from scipy import stats\n"
-                      "from specjax.rejection import accept_sampled, residual_distribution\n"),
+                      "from specjax.verification.rejection import (accept_sampled, "
+                      "residual_distribution)\n"),
         new_markdown_cell(
             "## 1. q = {mat 0.6, sat 0.3, ran 0.1}, p = {mat 0.5, sat 0.4, ran 0.1}\n\n"
             "The draft proposed 'mat': accept with probability min(1, 0.5/0.6) = 0.83; on "
@@ -610,7 +611,7 @@ def several_devices():
             "virtual devices (they share the cores: correct, not faster)."),
         new_code_cell(INSTALL),
         new_code_cell(SHARDED_SETUP + SETUP + "from flax import nnx\n"
-                      "from specjax.sharding import default_rules, mesh_from_spec\n"),
+                      "from specjax.runtime.sharding import default_rules, mesh_from_spec\n"),
         new_code_cell(SHARDED_DECODING),
         new_code_cell(SHARDED_COLLECTIVES),
         new_markdown_cell(SEVERAL_HOSTS),

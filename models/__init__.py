@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from specjax.lazy import lazy_attributes
+from specjax.runtime.lazy import lazy_attributes
 
 # Public name -> the module that defines it.
 _SOURCES = {

@@ -1,6 +1,6 @@
 """Attention of a `specjax_models.Transformer` over its KV cache: grouped-query attention
 with rotary or learned positions, sliding windows and logit soft-capping, read in blocks
-(`specjax.attention`).
+(`specjax.lm.attention`).
 
 Rotary embeddings use the "rotate half" layout of Hugging Face checkpoints, so their
 q/k projection weights load without a permutation.
@@ -13,8 +13,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import Array
 
-from specjax import attention
-from specjax.rope import apply_rotary, inverse_frequencies, rotary_scale
+from specjax.lm import attention
+from specjax.lm.rope import apply_rotary, inverse_frequencies, rotary_scale
 from specjax_models.cache import write_layer_rows
 from specjax_models.config import TransformerConfig
 from specjax_models.norms import RMSNorm
@@ -25,7 +25,7 @@ READ_BEFORE_WRITE_MAX_TOKENS = 64
 
 
 def rotary_inverse_frequencies(config: TransformerConfig) -> Array:
-    """`[head_dim // 2]` float32 inverse frequencies of this model (`specjax.rope`)."""
+    """`[head_dim // 2]` float32 inverse frequencies of this model (`specjax.lm.rope`)."""
     return inverse_frequencies(config.resolved_head_dim, config.rope_theta,
                                config.rope_scaling)
 
@@ -197,7 +197,7 @@ def _new_token_visibility(positions_BT: Array, new_mask_BTT: Array | None,
 
 def _block_reader(keys_LBKSX: Array, values_LBKSY: Array, layer,
                   keys_values=_identity_keys_values):
-    """`read_block` of `specjax.attention` for layer `layer` of an every-layer cache (a
+    """`read_block` of `specjax.lm.attention` for layer `layer` of an every-layer cache (a
     one-layer stack for unrolled models): one slice of each array, never the layer, turned
     into keys and values by `keys_values` (see `attend`)."""
     layer = 0 if keys_LBKSX.shape[0] == 1 else layer

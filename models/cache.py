@@ -74,7 +74,7 @@ class KVCache:
     @classmethod
     def create(cls, config: TransformerConfig, batch: int, max_len: int) -> KVCache:
         # Slots outside head_dim: attention reads the cache one block of slots at a time
-        # (`specjax.attention`), and a block is then one contiguous run of memory per row
+        # (`specjax.lm.attention`), and a block is then one contiguous run of memory per row
         # and head (with slots innermost, a block of a long cache is head_dim short runs
         # far apart: measured 0.75-0.85x the decode speed at batch 8 of SmolLM2 in 4096-
         # and 8192-slot caches against 256).

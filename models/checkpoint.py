@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 import specjax
-from specjax.files import damaged, read_json, write_json_atomically
+from specjax.runtime.files import damaged, read_json, write_json_atomically
 from specjax_models.sharded import loading_placement, shard
 from specjax_models.transformer import TransformerConfig, abstract_transformer, dtype_name
 

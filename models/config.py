@@ -9,8 +9,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from specjax import attention
-from specjax.rope import check_rope_scaling
+from specjax.lm import attention
+from specjax.lm.rope import check_rope_scaling
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -65,7 +65,7 @@ class TransformerConfig:
     attention_block_size / attention_query_block: execution, not architecture: a decode
       or verify step (up to READ_BEFORE_WRITE_MAX_TOKENS new tokens) reads the KV cache in
       blocks of `attention_block_size` slots, only as many blocks as the longest row
-      fills (`specjax.attention`); a longer input (a prefill) attends in square tiles of
+      fills (`specjax.lm.attention`); a longer input (a prefill) attends in square tiles of
       `attention_query_block` queries and keys, each block of queries reading only the
       key blocks its mask reaches. Any values give the same outputs up to float
       rounding; `with_attention_blocks` changes them on a loaded model.

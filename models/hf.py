@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 import specjax
-from specjax.files import read_json
+from specjax.runtime.files import read_json
 from specjax_models.hf_config import (  # noqa: F401  (re-exported)
     SUPPORTED_MODEL_TYPES,
     config_from_hf,

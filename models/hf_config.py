@@ -3,7 +3,7 @@ their fields (rope scaling, sliding windows, experts) translate, both ways."""
 
 from __future__ import annotations
 
-from specjax.rope import yarn_mscale
+from specjax.lm.rope import yarn_mscale
 from specjax_models.config import TransformerConfig, dtype_name
 from specjax_models.hf_deepseek import DEEPSEEK_MODEL_TYPES, deepseek_fields
 from specjax_models.hf_moe import MOE_MODEL_TYPES, moe_config_to_hf, moe_fields, moe_model_type

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specjax.rope import yarn_mscale
+from specjax.lm.rope import yarn_mscale
 from specjax_models.config import TransformerConfig
 from specjax_models.hf_moe import config_int
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specjax.files import read_json
+from specjax.runtime.files import read_json
 
 
 class HFTokenizer:

@@ -12,7 +12,7 @@ The cache holds what the latent attention needs and nothing more: per token c an
 2 x heads x head_dim for full keys and values. The up-projections are absorbed: a head's
 score is q_nope . (W_uk c) + q_r . k_r = (W_uk^T q_nope) . c + q_r . k_r, so the query's
 nope part is mapped into latent space once per token and every head attends to the
-cached [c, k_r] directly (one shared "KV head", `specjax.attention`'s blocks, windows,
+cached [c, k_r] directly (one shared "KV head", `specjax.lm.attention`'s blocks, windows,
 trees, compaction and chunked prefill unchanged); the weighted sum of latents is mapped
 to each head's value by W_uv afterwards. The scores equal the expanded form's up to
 float rounding (tests/test_latent_attention.py).
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import Array
 
-from specjax.rope import apply_rotary, inverse_frequencies, rotary_scale
+from specjax.lm.rope import apply_rotary, inverse_frequencies, rotary_scale
 from specjax_models.attention import attend
 from specjax_models.config import TransformerConfig
 from specjax_models.norms import RMSNorm

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 import specjax
-from specjax.files import (
+from specjax.runtime.files import (
     damaged,
     load_npz,
     read_json,

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 import specjax
-from specjax.compilation_cache import OFF_VALUES
+from specjax.runtime.compilation_cache import OFF_VALUES
 from specjax_models.safetensors_layout import tensor_views
 
 ENV_VAR = "SPECJAX_MODEL_CACHE"
@@ -200,7 +200,7 @@ def cached_model(kind: str, sources: list[Path], options: dict, build: Callable,
 
 
 def fingerprint_file(folder: Path, scan_layers: bool) -> Path:
-    """Where an entry keeps its weights' content digest (`specjax.fingerprints`), per
+    """Where an entry keeps its weights' content digest (`specjax.runtime.fingerprints`), per
     layer layout (the digest covers the parameter tree's paths)."""
     return folder / f"params-{'scanned' if scan_layers else 'unrolled'}.blake2b"
 
@@ -211,7 +211,7 @@ def remember_fingerprint_beside(lm: specjax.CausalLM, folder: Path, scan_layers:
     read every weight again. The file is not part of the entry's record: a missing or
     unreadable one is computed again, never trusted blindly (40 hex characters or
     nothing)."""
-    from specjax.fingerprints import hash_arrays, remember
+    from specjax.runtime.fingerprints import hash_arrays, remember
 
     model = weakref.ref(lm)
 
@@ -229,7 +229,7 @@ def remember_fingerprint_beside(lm: specjax.CausalLM, folder: Path, scan_layers:
             pending.join()
         if folder.is_dir():
             try:
-                from specjax.files import atomic_path
+                from specjax.runtime.files import atomic_path
 
                 with atomic_path(path) as staging:
                     staging.write_text(value + "\n")

@@ -24,7 +24,7 @@ PARD_KEY = "pard_token"  # the published layout's config.json key
 def parallel_settings(path: str | Path) -> dict:
     """`{"mask_id": int, "positions": int or None, "layout": "specjax" | "hf"}` of a
     parallel draft directory; refused by name when it names no mask token."""
-    from specjax.files import read_json
+    from specjax.runtime.files import read_json
 
     path = Path(path)
     if not path.is_dir():
@@ -58,7 +58,7 @@ def parallel_settings(path: str | Path) -> dict:
 def _tokenizer_mask_id(path: Path):
     """The id of tokenizer_config.json's `mask_token` among tokenizer.json's added tokens
     (a draft that names its mask in the tokenizer rather than in config.json), or None."""
-    from specjax.files import read_json
+    from specjax.runtime.files import read_json
 
     if not (path / "tokenizer_config.json").exists():
         return None
@@ -84,7 +84,7 @@ def save_parallel_draft(lm, config, path: str | Path, *, mask_id: int, positions
                         extra: dict | None = None) -> Path:
     """Write a parallel draft: `save_checkpoint`'s files, then `parallel.json` (last, so
     a killed save leaves no file that calls the folder a parallel draft)."""
-    from specjax.files import write_json_atomically
+    from specjax.runtime.files import write_json_atomically
     from specjax_models.checkpoint import save_checkpoint
 
     path = save_checkpoint(lm, config, path, extra)
@@ -125,7 +125,7 @@ def load_parallel_draft(path: str | Path, method: str = "sample", dtype=None):
 
 def _declared_vocab_size(path: Path) -> int | None:
     """config.json's vocab_size (ours and the published layout both write one), or None."""
-    from specjax.files import read_json
+    from specjax.runtime.files import read_json
 
     if not (path / "config.json").exists():
         return None

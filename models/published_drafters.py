@@ -40,7 +40,7 @@ import numpy as np
 
 import specjax
 from specjax.drafters import Eagle, FeatureHeadConfig, Medusa, eagle3_feature_layers
-from specjax.files import read_json
+from specjax.runtime.files import read_json
 from specjax_models.hf import MTP_PREFIX, rope_from_hf
 from specjax_models.hf_deepseek import DEEPSEEK_MODEL_TYPES
 from specjax_models.mtp import load_deepseek_mtp

@@ -30,7 +30,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 import specjax
-from specjax.sharding import ShardingRules, check_mesh, default_rules, named_sharding
+from specjax.runtime.sharding import ShardingRules, check_mesh, default_rules, named_sharding
 
 # The last name parts of a parameter -> its logical axes (without the [L] axis of a
 # scanned model).

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from specjax.lazy import lazy_attributes
+from specjax.runtime.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
-# Public name -> the module that defines it (a module itself where the name is a module).
+# Public name -> the module that defines it.
 _SOURCES = {
-    "CausalLM": "specjax.causal_lm",
-    "enable_compilation_cache": "specjax.compilation_cache",
-    "compiler_options": "specjax.xla_options",
+    "CausalLM": "specjax.lm.causal_lm",
+    "enable_compilation_cache": "specjax.runtime.compilation_cache",
+    "compiler_options": "specjax.runtime.xla_options",
     "DraftModel": "specjax.drafters",
     "PromptLookup": "specjax.drafters",
     "ParallelDraft": "specjax.drafters",
@@ -28,35 +28,45 @@ _SOURCES = {
     "EarlyExit": "specjax.drafters",
     "AdaptiveLength": "specjax.drafters",
     "Retrieval": "specjax.drafters",
-    "Datastore": "specjax.datastore",
-    "DecodeState": "specjax.autoregressive",
-    "GenerateOutput": "specjax.autoregressive",
-    "decode_step": "specjax.autoregressive",
-    "generate": "specjax.autoregressive",
-    "GREEDY": "specjax.sampling",
-    "SamplingConfig": "specjax.sampling",
-    "SamplingParams": "specjax.sampling",
-    "probabilities": "specjax.sampling",
-    "sample_tokens": "specjax.sampling",
-    "sampling_params": "specjax.sampling",
-    "warp_logits": "specjax.sampling",
-    "SpeculativeConfig": "specjax.step",
-    "SpeculativeState": "specjax.step",
-    "jitted_step": "specjax.step",
-    "speculative_step": "specjax.step",
-    "SpeculativeOutput": "specjax.speculative_loop",
-    "init_speculative_state": "specjax.speculative_loop",
-    "speculative_generate": "specjax.speculative_loop",
-    "SpeculativeStats": "specjax.stats",
-    "StreamChunk": "specjax.streaming",
-    "speculative_stream": "specjax.streaming",
+    "Datastore": "specjax.drafters.datastore",
+    "DecodeState": "specjax.decoding.autoregressive",
+    "GenerateOutput": "specjax.decoding.autoregressive",
+    "decode_step": "specjax.decoding.autoregressive",
+    "generate": "specjax.decoding.autoregressive",
+    "GREEDY": "specjax.decoding.sampling",
+    "SamplingConfig": "specjax.decoding.sampling",
+    "SamplingParams": "specjax.decoding.sampling",
+    "probabilities": "specjax.decoding.sampling",
+    "sample_tokens": "specjax.decoding.sampling",
+    "sampling_params": "specjax.decoding.sampling",
+    "warp_logits": "specjax.decoding.sampling",
+    "SpeculativeConfig": "specjax.decoding.step",
+    "SpeculativeState": "specjax.decoding.step",
+    "jitted_step": "specjax.decoding.step",
+    "speculative_step": "specjax.decoding.step",
+    "SpeculativeOutput": "specjax.decoding.speculative_loop",
+    "init_speculative_state": "specjax.decoding.speculative_loop",
+    "speculative_generate": "specjax.decoding.speculative_loop",
+    "SpeculativeStats": "specjax.decoding.stats",
+    "StreamChunk": "specjax.decoding.streaming",
+    "speculative_stream": "specjax.decoding.streaming",
     "DynamicTree": "specjax.trees",
     "TreeBudget": "specjax.trees",
     "TreeShape": "specjax.trees",
-    "TypicalAcceptance": "specjax.typical_acceptance",
+    "TypicalAcceptance": "specjax.verification.typical_acceptance",
 }
-_MODULES = ("analysis", "bench", "datastore", "distributed", "drafters", "layer_search",
-            "portability", "sharding", "verification")
+# Public modules -> where they live (the package by concern: specjax/<concern>/).
+_MODULES = {
+    "analysis": "specjax.bench.analysis",
+    "bench": "specjax.bench",
+    "datastore": "specjax.drafters.datastore",
+    "distributed": "specjax.runtime.distributed",
+    "drafters": "specjax.drafters",
+    "layer_search": "specjax.drafters.layer_search",
+    "portability": "specjax.runtime.portability",
+    "sharding": "specjax.runtime.sharding",
+    "verification": "specjax.verification",
+}
 
 __all__ = [
     "GREEDY",
@@ -109,25 +119,35 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_attributes(__name__, _SOURCES, globals())
+__getattr__, __dir__ = lazy_attributes(__name__, _SOURCES, globals(), _MODULES)
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
-    from specjax import (
-        analysis,
-        bench,
-        datastore,
-        distributed,
-        drafters,
-        layer_search,
-        portability,
-        sharding,
-        verification,
+    from specjax import bench, drafters, verification
+    from specjax.bench import analysis
+    from specjax.decoding.autoregressive import DecodeState, GenerateOutput, decode_step, generate
+    from specjax.decoding.sampling import (
+        GREEDY,
+        SamplingConfig,
+        SamplingParams,
+        probabilities,
+        sample_tokens,
+        sampling_params,
+        warp_logits,
     )
-    from specjax.autoregressive import DecodeState, GenerateOutput, decode_step, generate
-    from specjax.causal_lm import CausalLM
-    from specjax.compilation_cache import enable_compilation_cache
-    from specjax.datastore import Datastore
+    from specjax.decoding.speculative_loop import (
+        SpeculativeOutput,
+        init_speculative_state,
+        speculative_generate,
+    )
+    from specjax.decoding.stats import SpeculativeStats
+    from specjax.decoding.step import (
+        SpeculativeConfig,
+        SpeculativeState,
+        jitted_step,
+        speculative_step,
+    )
+    from specjax.decoding.streaming import StreamChunk, speculative_stream
     from specjax.drafters import (
         AdaptiveLength,
         DraftModel,
@@ -138,24 +158,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
         ParallelEagle,
         PromptLookup,
         Retrieval,
+        datastore,
+        layer_search,
     )
-    from specjax.sampling import (
-        GREEDY,
-        SamplingConfig,
-        SamplingParams,
-        probabilities,
-        sample_tokens,
-        sampling_params,
-        warp_logits,
-    )
-    from specjax.speculative_loop import (
-        SpeculativeOutput,
-        init_speculative_state,
-        speculative_generate,
-    )
-    from specjax.stats import SpeculativeStats
-    from specjax.step import SpeculativeConfig, SpeculativeState, jitted_step, speculative_step
-    from specjax.streaming import StreamChunk, speculative_stream
-    from specjax.trees import DynamicTree, TreeBudget, TreeShape
-    from specjax.typical_acceptance import TypicalAcceptance
-    from specjax.xla_options import compiler_options
+    from specjax.drafters.datastore import Datastore
+    from specjax.lm.causal_lm import CausalLM
+    from specjax.runtime import distributed, portability, sharding
+    from specjax.runtime.compilation_cache import enable_compilation_cache
+    from specjax.runtime.xla_options import compiler_options
+    from specjax.trees.shapes import DynamicTree, TreeBudget, TreeShape
+    from specjax.verification.typical_acceptance import TypicalAcceptance

@@ -31,10 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.causal_lm import CausalLM
-from specjax.sampling import SamplingConfig, probabilities
-from specjax.speculative_loop import SpeculativeOutput, drafters_tree, speculative_generate
-from specjax.xla_options import compiler_options
+from specjax.decoding.sampling import SamplingConfig, probabilities
+from specjax.decoding.speculative_loop import SpeculativeOutput, drafters_tree, speculative_generate
+from specjax.lm.causal_lm import CausalLM
+from specjax.runtime.xla_options import compiler_options
 
 # The event JAX records for every XLA compilation (a persistent-cache load included).
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

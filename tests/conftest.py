@@ -337,8 +337,8 @@ def assert_trees_follow_offsets(drafter, state, context, argmax) -> None:
     parent, and a dynamic tree's depth-1 nodes include offset 1's argmax."""
     import numpy as np
 
-    from specjax.sampling import sampling_params
-    from specjax.trees import DynamicTree, TreeShape
+    from specjax.decoding.sampling import sampling_params
+    from specjax.trees.shapes import DynamicTree, TreeShape
 
     tree = TreeShape.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
     params = sampling_params(specjax.GREEDY, 1)

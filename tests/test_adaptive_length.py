@@ -15,9 +15,9 @@ import pytest
 
 import specjax
 from specjax import GREEDY, DraftModel
+from specjax.decoding.speculative_loop import init_speculative_state, speculative_config
+from specjax.decoding.step import jitted_step
 from specjax.drafters import AdaptiveLength, Lookahead, PromptLookup
-from specjax.speculative_loop import init_speculative_state, speculative_config
-from specjax.step import jitted_step
 from specjax.testing import PlusOneApply, TokenCache, plus_one_lm
 
 

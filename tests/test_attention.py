@@ -1,4 +1,4 @@
-"""specjax.attention: block-wise attention over a KV cache equals dense attention, reads
+"""specjax.lm.attention: block-wise attention over a KV cache equals dense attention, reads
 only the blocks that hold visible tokens, and the Transformer built on it equals its own
 full forward for every mask it supports."""
 
@@ -11,7 +11,7 @@ import pytest
 from conftest import build_lm
 
 import specjax_models
-from specjax import attention
+from specjax.lm import attention
 
 B, K, G, H, S = 3, 2, 2, 8, 40
 

@@ -1,5 +1,5 @@
-"""specjax.autoregressive (`specjax.generate`): loop mechanics, exactness of the AR sampler,
-reproducibility, errors."""
+"""specjax.decoding.autoregressive (`specjax.generate`): loop mechanics, exactness of the
+AR sampler, reproducibility, errors."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from specjax import GREEDY, SamplingConfig, generate
-from specjax.autoregressive import _decode_loop, _init_state
+from specjax.decoding.autoregressive import _decode_loop, _init_state
 from specjax.testing import chi_square_pvalue, enumerate_joint, plus_one_lm
 
 

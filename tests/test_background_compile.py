@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.background_compile import while_compiling
+from specjax.runtime.background_compile import while_compiling
 
 
 @contextlib.contextmanager
@@ -91,7 +91,7 @@ def test_speculative_decoding_compiles_each_program_once(tiny_lm, close_draft, p
         device = jax.devices()[0]
         tiny_lm = tiny_lm.with_params(jax.device_put(tiny_lm.params, device))
         close_draft = close_draft.with_params(jax.device_put(close_draft.params, device))
-    import specjax.speculative_loop as loop
+    import specjax.decoding.speculative_loop as loop
 
     monkeypatch.setattr(loop, "_COMPILED_NEXT", set())  # as in a fresh process
     jax.clear_caches()
@@ -110,7 +110,7 @@ def test_speculative_decoding_compiles_each_program_once(tiny_lm, close_draft, p
 
 def test_a_repeated_request_skips_the_background_compilation(tiny_lm, close_draft,
                                                              monkeypatch):
-    import specjax.speculative_loop as loop
+    import specjax.decoding.speculative_loop as loop
 
     seen = []
     monkeypatch.setattr(loop, "_COMPILED_NEXT", set())  # as in a fresh process

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import specjax
-import specjax.bench as bench
+import specjax.bench.runner as bench
 from specjax import GREEDY, DraftModel, PromptLookup
-from specjax.bench import BenchMethod
-from specjax.bench_prompts import BenchPrompt
+from specjax.bench.prompts import BenchPrompt
+from specjax.bench.runner import BenchMethod
 
 PROMPTS = [BenchPrompt((1, 2, 3, 4, 1, 2), "copy", "p0"), BenchPrompt((7, 7), "copy", "p1"),
            BenchPrompt((30, 2, 5, 9), "other", "p2")]

@@ -1,4 +1,4 @@
-"""specjax.bench_journal: a benchmark's journal survives a kill at any byte (a torn line is
+"""specjax.bench.journal: a benchmark's journal survives a kill at any byte (a torn line is
 dropped and reported, every complete record before and after it is read, a resumed run
 appends after the last complete record), and a journal of another run is refused naming
 what differs."""
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import specjax.bench as bench
+import specjax.bench.runner as bench
 from specjax import PromptLookup
-from specjax.bench import BenchMethod
-from specjax.bench_journal import Journal, read_journal
-from specjax.bench_prompts import BenchPrompt
+from specjax.bench.journal import Journal, read_journal
+from specjax.bench.prompts import BenchPrompt
+from specjax.bench.runner import BenchMethod
 
 HEADER = {"fingerprint": "f", "parts": {"target": "t", "prompts": "p"}}
 RECORDS = [{"unit": "0", "record": {"plain": {"tokens": 3}}},
@@ -161,10 +161,10 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {tests!r})
     from conftest import build_lm
-    import specjax.bench as bench
+    import specjax.bench.runner as bench
     from specjax import PromptLookup
-    from specjax.bench import BenchMethod
-    from specjax.bench_prompts import BenchPrompt
+    from specjax.bench.runner import BenchMethod
+    from specjax.bench.prompts import BenchPrompt
     prompts = [BenchPrompt((1, 2, 3, 4, 1, 2), "copy", "p0"), BenchPrompt((7, 7), "copy", "p1"),
                BenchPrompt((30, 2, 5, 9), "other", "p2"), BenchPrompt((5, 6, 5), "other", "p3")]
     report = bench.run(build_lm(0), [BenchMethod("lookup", PromptLookup(), num_draft_tokens=2)],

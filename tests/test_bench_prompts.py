@@ -1,4 +1,4 @@
-"""specjax.bench_prompts: question files (Spec-Bench / MT-Bench JSONL, one prompt a line)
+"""specjax.bench.prompts: question files (Spec-Bench / MT-Bench JSONL, one prompt a line)
 read and refused by line, categories selected, questions turned into prompts (later turns
 after the earlier answers)."""
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specjax.bench_prompts import (
+from specjax.bench.prompts import (
     BenchPrompt,
     Question,
     bench_prompts,

@@ -1,4 +1,4 @@
-"""specjax.bench_report: the rows of a run from its per-unit records (speedup as a ratio
+"""specjax.bench.report: the rows of a run from its per-unit records (speedup as a ratio
 of summed tokens/s, a bootstrap interval over units, tau, acceptance, C, v, ideal and
 efficiency), exactness failures, and the markdown, CSV, JSON and SVG outputs."""
 
@@ -10,9 +10,9 @@ import xml.etree.ElementTree as ElementTree
 import numpy as np
 import pytest
 
-from specjax.bench import BenchMethod, plan_units
-from specjax.bench_prompts import BenchPrompt
-from specjax.bench_report import bootstrap_interval, interpolated, summarise
+from specjax.bench.prompts import BenchPrompt
+from specjax.bench.report import bootstrap_interval, interpolated, summarise
+from specjax.bench.runner import BenchMethod, plan_units
 from specjax.drafters import PromptLookup
 
 PROMPTS = [BenchPrompt((1, 2), "code", "a"), BenchPrompt((3,), "code", "b"),

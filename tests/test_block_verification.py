@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import block_verification, rejection
+from specjax.verification import block_verification, rejection
 
 # Jitted, as a decoder runs them: called eagerly, each of their operations would compile
 # a program of its own (hundreds per module, most of its time).
@@ -208,7 +208,8 @@ def test_the_exactness_harness_catches_the_token_rules_residual(micro_lm, monkey
         return pvalue
 
     assert pvalue_of_block_verification() > 1e-3
-    monkeypatch.setattr("specjax.block_verification.block_residual", token_rules_residual)
+    monkeypatch.setattr("specjax.verification.block_verification.block_residual",
+                        token_rules_residual)
     jax.clear_caches()  # the decoder is traced again, with the wrong residual
     try:
         assert pvalue_of_block_verification() < 1e-9

@@ -1,4 +1,4 @@
-"""specjax.causal_lm: the functional model view and the prefill, whole or in chunks."""
+"""specjax.lm.causal_lm: the functional model view and the prefill, whole or in chunks."""
 
 import jax
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 from conftest import build_lm
 
 import specjax
-from specjax.causal_lm import prefill
+from specjax.lm.causal_lm import prefill
 
 # A full row, one ending on a block edge (blocks of 4), one token.
 PROMPT_LENGTHS = np.array([13, 8, 1], np.int32)
@@ -70,7 +70,7 @@ def test_a_bad_prefill_chunk_is_refused(tiny_lm, chunk):
 
 
 def test_the_default_prefill_chunk_and_with_prefill_chunk(tiny_lm):
-    from specjax.causal_lm import DEFAULT_PREFILL_CHUNK
+    from specjax.lm.causal_lm import DEFAULT_PREFILL_CHUNK
 
     assert tiny_lm.prefill_chunk == DEFAULT_PREFILL_CHUNK
     changed = tiny_lm.with_prefill_chunk(64)

@@ -106,7 +106,8 @@ def test_help_and_input_errors_load_no_jax():
              "        main(argv)\n"
              "    except SystemExit:\n"
              "        pass\n"
-             "heavy = sorted(m for m in ('jax', 'flax', 'specjax_models', 'specjax.step')\n"
+             "heavy = sorted(m for m in ('jax', 'flax', 'specjax_models',\n"
+             "                           'specjax.decoding.step')\n"
              "               if m in sys.modules)\n"
              "print('loaded:', heavy, file=sys.stderr)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

@@ -110,7 +110,7 @@ def test_a_method_may_run_the_typical_rule(tmp_path):
      [("line 1", "def f():"), ("line 2", "\x0c\x1cclass A:\u2028")]),
 ])
 def test_prompt_files_split_at_line_feeds_only(tmp_path, content, name, prompts):
-    from specjax.bench_prompts import read_questions
+    from specjax.bench.prompts import read_questions
 
     path = tmp_path / name
     path.write_bytes(content)

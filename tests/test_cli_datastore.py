@@ -9,7 +9,7 @@ import pytest
 from conftest import smollm2_or_skip
 
 from specjax.cli import main
-from specjax.datastore import SEPARATOR, Datastore
+from specjax.drafters.datastore import SEPARATOR, Datastore
 from specjax_models import ByteTokenizer
 
 

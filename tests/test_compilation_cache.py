@@ -12,13 +12,13 @@ import pytest
 
 import specjax
 from specjax import DraftModel, SamplingConfig
-from specjax.compilation_cache import (
+from specjax.runtime.compilation_cache import (
     cache_turned_off_by_env,
     default_cache_dir,
     enable_compilation_cache,
 )
 from specjax.testing import count_compilations
-from specjax.trees import DynamicTree, TreeShape
+from specjax.trees.shapes import DynamicTree, TreeShape
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
 FIRST = SamplingConfig(temperature=0.8)
@@ -173,7 +173,7 @@ def test_a_cache_set_up_before_jax_loads_receives_its_programs(tmp_path):
     command never loads jax), and the programs compiled later land in it."""
     script = textwrap.dedent(f"""
         import sys
-        from specjax.compilation_cache import cache_for_next_jax_import
+        from specjax.runtime.compilation_cache import cache_for_next_jax_import
         folder = cache_for_next_jax_import({str(tmp_path / "early")!r}, min_compile_secs=0)
         assert "jax" not in sys.modules
         import jax, jax.numpy as jnp

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.datastore import (
+from specjax.drafters.datastore import (
     PADDING,
     SEPARATOR,
     Datastore,

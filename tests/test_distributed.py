@@ -19,7 +19,7 @@ import pytest
 from conftest import build_lm, subprocess_env
 
 import specjax
-from specjax.distributed import fetch, gather_prompts, process_local
+from specjax.runtime.distributed import fetch, gather_prompts, process_local
 
 TESTS = Path(__file__).resolve().parent
 
@@ -42,7 +42,7 @@ WORKER = textwrap.dedent("""
     from conftest import build_lm
     from test_distributed import GREEDY, MESHES, PROMPTS, TREE
     import specjax, specjax_models
-    from specjax.sharding import default_rules, mesh_from_spec
+    from specjax.runtime.sharding import default_rules, mesh_from_spec
 
     assert jax.process_count() == 2 and len(jax.devices()) == 4
     prompts, mine = specjax.distributed.gather_prompts(PROMPTS[jax.process_index()])

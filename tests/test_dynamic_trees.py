@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree, select_best_nodes
-from specjax.trees import DynamicTree, tree_depths
+from specjax.trees.dynamic_trees import ExpandedNodes, grow_dynamic_tree, select_best_nodes
+from specjax.trees.shapes import DynamicTree, tree_depths
 
 VOCAB = 12
 

@@ -12,10 +12,10 @@ import pytest
 import specjax
 import specjax_models
 from specjax import GREEDY, DynamicTree, SamplingConfig, SpeculativeConfig, TreeShape
-from specjax.causal_lm import prefill
+from specjax.decoding.speculative_loop import init_speculative_state
+from specjax.decoding.step import jitted_step
 from specjax.drafters import Eagle, FeatureHeadConfig, eagle3_feature_layers
-from specjax.speculative_loop import init_speculative_state
-from specjax.step import jitted_step
+from specjax.lm.causal_lm import prefill
 
 TREE = TreeShape.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
 

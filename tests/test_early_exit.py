@@ -15,10 +15,10 @@ from test_layer_skip import PROMPTS, T1, proposal_of  # the same prompts and pro
 import specjax
 import specjax_models
 from specjax import GREEDY
+from specjax.decoding.speculative_loop import init_speculative_state, speculative_config
+from specjax.decoding.step import jitted_step
 from specjax.drafters import AdaptiveLength, EarlyExit, FeatureHeadConfig
 from specjax.drafters.feature_head import head_block, head_inputs, head_logits
-from specjax.speculative_loop import init_speculative_state, speculative_config
-from specjax.step import jitted_step
 from specjax.testing import plus_one_lm
 from specjax.training.heads import target_outputs
 

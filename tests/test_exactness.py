@@ -27,7 +27,6 @@ from conftest import LATENT_ATTENTION_AND_EXPERTS
 import specjax
 import specjax_models
 from specjax import GREEDY, DraftModel, PromptLookup, SamplingConfig
-from specjax.datastore import Datastore
 from specjax.drafters import (
     AdaptiveLength,
     Eagle,
@@ -41,8 +40,9 @@ from specjax.drafters import (
     Retrieval,
     eagle3_feature_layers,
 )
+from specjax.drafters.datastore import Datastore
 from specjax.testing import speculative_joint_pvalue, speculative_joint_pvalues
-from specjax.trees import DynamicTree, TreeShape
+from specjax.trees.shapes import DynamicTree, TreeShape
 
 STATIC_TREE = TreeShape.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
 MEDUSA_TREE = TreeShape.from_paths([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])

@@ -308,7 +308,7 @@ def test_a_damaged_layer_draft_is_named(tiny_lm, tmp_path):
 # ------------------------------------------------------------------ what writers leave
 
 def test_an_interrupted_atomic_write_leaves_the_old_file_whole(tmp_path):
-    from specjax.files import atomic_path, save_npz_atomically
+    from specjax.runtime.files import atomic_path, save_npz_atomically
 
     target = tmp_path / "data.npz"
     save_npz_atomically(target, a=np.arange(4))

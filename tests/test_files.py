@@ -1,4 +1,4 @@
-"""specjax.files: atomic writes leave the old file or the new one, and damaged JSON and
+"""specjax.runtime.files: atomic writes leave the old file or the new one, and damaged JSON and
 NumPy archives are refused with errors that name the file and the remedy."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from specjax.files import (
+from specjax.runtime.files import (
     atomic_path,
     check_arrays,
     load_npz,

@@ -1,4 +1,4 @@
-"""specjax.fingerprints: a content digest of weights that tells apart models of the same
+"""specjax.runtime.fingerprints: a content digest of weights that tells apart models of the same
 shapes, covers dtypes and tree paths, and is computed once per model object."""
 
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from conftest import build_lm
 
-from specjax import fingerprints
+from specjax.runtime import fingerprints
 
 
 def test_the_digest_follows_content_dtype_and_paths():

@@ -1,10 +1,10 @@
-"""specjax.inputs: host-side input preparation (checks, packing, buckets, capacity)."""
+"""specjax.decoding.inputs: host-side input preparation (checks, packing, buckets, capacity)."""
 
 import numpy as np
 import pytest
 
 import specjax
-from specjax.inputs import (
+from specjax.decoding.inputs import (
     PROMPT_PAD_ID,
     bucket,
     check_eos_id,

@@ -13,7 +13,7 @@ from flax import nnx
 
 import specjax
 import specjax_models
-from specjax.rope import apply_rotary, inverse_frequencies
+from specjax.lm.rope import apply_rotary, inverse_frequencies
 
 MLA = dict(vocab_size=48, num_layers=2, d_model=32, num_heads=4, num_kv_heads=4, d_ff=64,
            max_seq_len=64, kv_lora_rank=16, q_lora_rank=12, qk_nope_head_dim=8,

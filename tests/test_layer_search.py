@@ -11,7 +11,7 @@ import pytest
 from conftest import build_lm
 
 from specjax.drafters import LayerSkip
-from specjax.layer_search import layer_influence, search_skip_layers
+from specjax.drafters.layer_search import layer_influence, search_skip_layers
 from specjax.testing import plus_one_lm
 
 PROMPTS = [[1, 5, 9, 30, 2, 7, 3, 3], [4, 4, 8, 12]]

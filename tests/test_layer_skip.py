@@ -14,10 +14,10 @@ from flax import nnx
 import specjax
 import specjax_models
 from specjax import SamplingConfig
+from specjax.decoding.sampling import sampling_params
+from specjax.decoding.speculative_loop import init_speculative_state, speculative_config
+from specjax.decoding.step import compile_key, compiled_step, propose
 from specjax.drafters import AdaptiveLength, LayerSkip
-from specjax.sampling import sampling_params
-from specjax.speculative_loop import init_speculative_state, speculative_config
-from specjax.step import compile_key, compiled_step, propose
 from specjax.testing import plus_one_lm
 from specjax_models.transformer import embedding_and_head
 

@@ -1,4 +1,4 @@
-"""specjax.lazy: names load from their module on first use and are kept; submodules load
+"""specjax.runtime.lazy: names load from their module on first use and are kept; submodules load
 by name; an unknown name is an AttributeError, a broken submodule's own import error is
 not hidden."""
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from specjax.lazy import lazy_attributes
+from specjax.runtime.lazy import lazy_attributes
 
 
 def test_names_and_submodules_load_on_first_use_and_are_kept():

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.causal_lm import full_logits
+from specjax.decoding.sampling import sampling_params
+from specjax.decoding.speculative_loop import init_speculative_state
+from specjax.decoding.step import SpeculativeConfig, propose, verify
 from specjax.drafters.base import Commit, DraftContext
 from specjax.drafters.lookahead import Lookahead
-from specjax.sampling import sampling_params
-from specjax.speculative_loop import init_speculative_state
-from specjax.step import SpeculativeConfig, propose, verify
-from specjax.trees import TreeBudget, node_paths
+from specjax.lm.causal_lm import full_logits
+from specjax.trees.shapes import TreeBudget, node_paths
 
 
 def _empty_state(drafter, batch=1, prompt=(0, 1)):

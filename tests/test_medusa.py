@@ -10,11 +10,11 @@ import pytest
 import specjax
 import specjax_models
 from specjax import GREEDY, SamplingConfig, SpeculativeConfig, TreeShape
+from specjax.decoding.speculative_loop import init_speculative_state
+from specjax.decoding.step import jitted_step
 from specjax.drafters import Eagle, Medusa
 from specjax.drafters.base import DraftContext
 from specjax.drafters.medusa import medusa_logits
-from specjax.speculative_loop import init_speculative_state
-from specjax.step import jitted_step
 
 
 def random_medusa(lm, heads=3, seed=0, method="greedy") -> Medusa:

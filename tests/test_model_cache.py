@@ -146,8 +146,7 @@ def test_a_sharded_or_cast_checkpoint_is_cached_and_a_plain_one_is_not(cache_dir
 
 def test_the_weights_digest_is_computed_once_and_kept_beside_the_entry(cache_dir, source_file,
                                                                        monkeypatch):
-    from specjax import fingerprints
-
+    from specjax.runtime import fingerprints
     fresh = specjax_models.from_gguf(source_file)  # built; the entry written meanwhile
     digest = fingerprints.params_fingerprint(fresh)
     assert digest == fingerprints.hash_arrays(fresh.params)

@@ -11,7 +11,7 @@ import pytest
 from conftest import run_script
 
 from specjax import GREEDY, DraftModel, DynamicTree, SamplingConfig
-from specjax.portability import (
+from specjax.runtime.portability import (
     PLATFORMS,
     LoweringError,
     _export,
@@ -75,8 +75,8 @@ MESH_SCRIPT = textwrap.dedent("""
     from conftest import build_lm
     import specjax, specjax_models
     from specjax import DraftModel, DynamicTree, SamplingConfig
-    from specjax.portability import lower_generate, lower_speculative
-    from specjax.sharding import mesh_from_spec
+    from specjax.runtime.portability import lower_generate, lower_speculative
+    from specjax.runtime.sharding import mesh_from_spec
     sampling = SamplingConfig(temperature=0.8, top_k=5)
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9]]
     for spec in ("data=2", "model=2"):
@@ -116,10 +116,10 @@ def test_the_step_a_chip_runs_converts_no_weight(tiny_lm):
 
     from conftest import build_lm
 
+    from specjax.decoding.sampling import sampling_params
+    from specjax.decoding.speculative_loop import _speculative_loop, init_speculative_state
+    from specjax.decoding.step import SpeculativeConfig, compile_key
     from specjax.drafters.base import drafter_key
-    from specjax.sampling import sampling_params
-    from specjax.speculative_loop import _speculative_loop, init_speculative_state
-    from specjax.step import SpeculativeConfig, compile_key
 
     lm = build_lm(0, d_model=96, d_ff=160, vocab_size=48, dtype="bfloat16",
                   param_dtype="bfloat16")

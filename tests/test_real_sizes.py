@@ -87,7 +87,7 @@ MESH_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_real_sizes import TINY
     import specjax
-    from specjax.sharding import mesh_from_spec
+    from specjax.runtime.sharding import mesh_from_spec
     from specjax_models import real_sizes
     real_sizes.PUBLISHED["tiny"] = TINY
     mesh = mesh_from_spec("data=2,model=2")

@@ -1,10 +1,11 @@
-"""specjax.rejection: the acceptance rule and residual, checked on exact small cases."""
+"""specjax.verification.rejection: the acceptance rule and residual, checked on exact small
+cases."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import rejection
+from specjax.verification import rejection
 
 # Jitted, as a decoder runs them: called eagerly, each of their operations would compile
 # a program of its own (hundreds per module, most of its time).

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.datastore import Datastore
 from specjax.drafters.base import DraftContext
+from specjax.drafters.datastore import Datastore
 from specjax.drafters.retrieval import Retrieval, own_text_matches
-from specjax.trees import node_paths
+from specjax.trees.shapes import node_paths
 
 
 def _context(rows, capacity=16, junk=9):
@@ -116,7 +116,7 @@ def test_settings_and_vocabularies_are_validated(tiny_lm):
 def test_a_step_verifies_only_the_nodes_the_rows_offer(tiny_lm):
     """Graded widths: 0, 1, 2, 4, 8 of a 16-node budget; the row's own short repeats make
     small trees, verified at the width of their real nodes, never the whole budget."""
-    from specjax.step import SpeculativeConfig, verify_widths
+    from specjax.decoding.step import SpeculativeConfig, verify_widths
 
     drafter = Retrieval(None, max_nodes=16, depth=4)
     config = SpeculativeConfig(num_draft_tokens=16, tree=drafter.proposal_tree)

@@ -1,4 +1,4 @@
-"""specjax.rope: inverse frequencies against transformers' own, and the rotation."""
+"""specjax.lm.rope: inverse frequencies against transformers' own, and the rotation."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import rope
+from specjax.lm import rope
 
 
 @pytest.mark.parametrize("scaling", [None, ("linear", 4.0), ("llama3", 8.0, 1.0, 4.0, 64),

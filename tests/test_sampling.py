@@ -1,4 +1,4 @@
-"""specjax.sampling: the one warper (temperature -> top-k -> top-p) and its edge cases."""
+"""specjax.decoding.sampling: the one warper (temperature -> top-k -> top-p) and its edge cases."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from specjax import GREEDY, SamplingConfig
-from specjax import sampling as warper
-from specjax.sampling import distinct_configs, sampling_params
+from specjax.decoding import sampling as warper
+from specjax.decoding.sampling import distinct_configs, sampling_params
 
 
 def jitted(function):

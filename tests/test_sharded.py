@@ -19,7 +19,7 @@ from conftest import build_lm, run_cli, smollm2_or_skip, subprocess_env
 
 import specjax
 import specjax_models
-from specjax.sharding import DATA_AND_TENSOR, DATA_PARALLEL, TENSOR_PARALLEL, mesh_from_spec
+from specjax.runtime.sharding import DATA_AND_TENSOR, DATA_PARALLEL, TENSOR_PARALLEL, mesh_from_spec
 from specjax_models.sharded import param_axes
 
 TESTS = Path(__file__).resolve().parent
@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent("""
     from conftest import build_lm
     import specjax, specjax_models
     from specjax.drafters import Eagle, EarlyExit, FeatureHeadConfig, eagle3_feature_layers
-    from specjax.sharding import (DATA_AND_TENSOR, DATA_PARALLEL, TENSOR_PARALLEL,
+    from specjax.runtime.sharding import (DATA_AND_TENSOR, DATA_PARALLEL, TENSOR_PARALLEL,
                                   ShardingRules, mesh_from_spec)
     from specjax.testing import speculative_joint_pvalues
     from specjax_models.sharded import forward_collectives
@@ -119,8 +119,8 @@ SCRIPT = textwrap.dedent("""
                                           / np.asarray(out.stats.proposed).sum())
     # Stepping by hand: the state keeps its layout from the prefill on, so the step
     # compiles once and reuses its donated buffers.
-    from specjax.speculative_loop import init_speculative_state, speculative_config
-    from specjax.step import jitted_step
+    from specjax.decoding.speculative_loop import init_speculative_state, speculative_config
+    from specjax.decoding.step import jitted_step
     from specjax.testing import count_compilations
     sharded = specjax_models.shard(lm, mesh_from_spec("data=2,model=4"), DATA_AND_TENSOR)
     state, drafter = init_speculative_state(sharded, draft, prompts, max_new_tokens=12,
@@ -137,7 +137,7 @@ SCRIPT = textwrap.dedent("""
     results["rows split"] = list(state.lengths.sharding.spec)
     results["step compilations"] = len(compiled)
     # speculative_generate on a mesh compiles its loop once: nothing is compiled ahead for
-    # layouts the prefill might not give (specjax.background_compile.placed_as_outputs).
+    # layouts the prefill might not give (specjax.runtime.background_compile.placed_as_outputs).
     with count_compilations() as compiled:
         specjax.speculative_generate(sharded, draft, prompts, num_draft_tokens=2, **greedy)
     results["loop compilations"] = sum("_speculative_loop" in name for name in compiled)
@@ -237,7 +237,7 @@ SCRIPT = textwrap.dedent("""
     # A mixture of experts (8 experts, top 2, a dense first layer) split by expert and by
     # the experts' columns: greedy generate and a speculative chain as on one device.
     import dataclasses
-    from specjax.sharding import EXPERT_PARALLEL
+    from specjax.runtime.sharding import EXPERT_PARALLEL
     moe = build_lm(4, num_heads=8, num_kv_heads=8, num_layers=3, num_experts=8,
                    experts_per_token=2, expert_d_ff=32, dense_layers=(0,))
     moe_draft = specjax_models.first_layers(moe, 2)

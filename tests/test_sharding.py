@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec
 
-from specjax.sharding import (
+from specjax.runtime.sharding import (
     DATA_AND_TENSOR,
     DATA_PARALLEL,
     TENSOR_PARALLEL,

@@ -4,8 +4,8 @@ none to an evaluation prompt) and the recipe's resumable answer chunks."""
 import numpy as np
 
 from benchmarks.real_prompts import PROMPTS
-from specjax.datastore import SEPARATOR, Datastore
-from specjax.files import save_npz_atomically
+from specjax.drafters.datastore import SEPARATOR, Datastore
+from specjax.runtime.files import save_npz_atomically
 from specjax_models import SMOLLM2_DATASTORE
 from specjax_models.recipes import smollm2_datastore
 from specjax_models.recipes.smollm2_prompts import chat_prompts

@@ -29,7 +29,7 @@ def test_the_bench_question_file_holds_the_evaluation_prompts():
     benchmarks/real_prompts.py in Spec-Bench's question format, kind by kind."""
     from pathlib import Path
 
-    from specjax.bench_prompts import read_questions
+    from specjax.bench.prompts import read_questions
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "smollm2.jsonl"
     questions = read_questions(path)

@@ -1,4 +1,4 @@
-"""specjax.speculative_loop (`specjax.speculative_generate`): exactness (greedy equality
+"""specjax.decoding.speculative_loop (`specjax.speculative_generate`): exactness (greedy equality
 with generate, chi-square of 3-token joints), edge cases, stats, reproducibility,
 compilation and errors, all at batch > 1."""
 
@@ -15,7 +15,7 @@ from conftest import build_lm
 
 import specjax
 from specjax import GREEDY, DraftModel, SamplingConfig, generate, speculative_generate
-from specjax.speculative_loop import _speculative_loop
+from specjax.decoding.speculative_loop import _speculative_loop
 from specjax.testing import (
     chi_square_pvalue,
     enumerate_joint,

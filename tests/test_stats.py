@@ -1,4 +1,4 @@
-"""specjax.stats: metrics from per-row counts, and merging runs."""
+"""specjax.decoding.stats: metrics from per-row counts, and merging runs."""
 
 import jax
 import numpy as np

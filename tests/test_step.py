@@ -1,4 +1,4 @@
-"""specjax.step (`specjax.speculative_step`): the proposal contract, token trees, feature
+"""specjax.decoding.step (`specjax.speculative_step`): the proposal contract, token trees, feature
 drafters' inputs, confidence-graded verify widths and the KV cache left uncopied."""
 
 
@@ -14,13 +14,13 @@ from conftest import build_lm
 import specjax
 import specjax_models
 from specjax import GREEDY, DraftModel, SamplingConfig, generate, speculative_generate
-from specjax.sampling import sampling_params
-from specjax.speculative_loop import _speculative_loop
-from specjax.step import compile_key
+from specjax.decoding.sampling import sampling_params
+from specjax.decoding.speculative_loop import _speculative_loop
+from specjax.decoding.step import compile_key
 from specjax.testing import (
     table_lm,
 )
-from specjax.trees import DynamicTree, TreeShape
+from specjax.trees.shapes import DynamicTree, TreeShape
 
 PROMPTS = [[1, 2, 3, 4], [7, 7], [30, 2, 5, 9, 11, 3], [4]]
 class _BrokenProposal(specjax.PromptLookup):

@@ -1,4 +1,4 @@
-"""specjax.step_counters: a draft counts as proposed and accepted only where it could
+"""specjax.decoding.step_counters: a draft counts as proposed and accepted only where it could
 become output (cut at max_new_tokens and at the EOS that ends the row), so alpha and tau
 agree on short requests."""
 

@@ -1,4 +1,4 @@
-"""specjax.streaming: streamed chunks reproduce speculative_generate, compiled once."""
+"""specjax.decoding.streaming: streamed chunks reproduce speculative_generate, compiled once."""
 
 import jax
 import numpy as np

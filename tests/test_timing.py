@@ -1,4 +1,4 @@
-"""specjax.timing: wall time waits for the arrays, step costs time what a decode loop runs,
+"""specjax.runtime.timing: wall time waits for the arrays, step costs time what a decode loop runs,
 alternation and medians. No speed is asserted (benchmarks measure it)."""
 
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.timing import (
+from specjax.runtime.timing import (
     forward_timer,
     interleaved_medians,
     spread_tokens,
@@ -66,7 +66,7 @@ def test_the_timed_program_takes_the_weights_as_arguments(tiny_lm):
     """The weights are arguments of the timed program, not constants baked into it (a
     closure over the model did that: a real-size model then took half a minute and 9 GB
     to compile each timer), and one program serves every timer of the same shapes."""
-    from specjax.timing import forward_loop
+    from specjax.runtime.timing import forward_loop
 
     cache = tiny_lm.init_cache(2, 32)
     token = jnp.zeros((2,), jnp.int32)

@@ -247,7 +247,7 @@ def test_tree_verify_then_compaction_equals_feeding_the_path_as_a_chain(override
     """A token tree verified in one forward (ancestor mask, positions by depth), then the
     accepted path compacted into contiguous slots, leaves the cache a chain of the same
     tokens would: the next step's logits agree, on both attention paths."""
-    from specjax.trees import TreeShape, ancestor_mask
+    from specjax.trees.shapes import TreeShape, ancestor_mask
 
     lm = build_lm(4, max_seq_len=256, **overrides)
     batch, prompt_len = 2, 7

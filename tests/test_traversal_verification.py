@@ -21,9 +21,9 @@ from test_block_verification import (
     total_variation,
 )
 
-from specjax import block_verification, traversal_verification, tree_acceptance
 from specjax.testing import chi_square_pvalue
-from specjax.trees import TreeShape
+from specjax.trees.shapes import TreeShape
+from specjax.verification import block_verification, traversal_verification, tree_acceptance
 
 # Jitted, as a decoder runs them: called eagerly, each of their operations would compile
 # a program of its own (hundreds per module, most of its time).

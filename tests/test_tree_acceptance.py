@@ -1,4 +1,4 @@
-"""specjax.tree_acceptance: the tree walk is exact for sampled (with and without
+"""specjax.verification.tree_acceptance: the tree walk is exact for sampled (with and without
 replacement) and deterministic children, and follows the argmax when greedy.
 
 The target and the draft are bigram tables, so the target distribution at every node is
@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import tree_acceptance
 from specjax.testing import chi_square_pvalue
-from specjax.trees import TreeShape
+from specjax.trees.shapes import TreeShape
+from specjax.verification import tree_acceptance
 
 # Jitted, as a decoder runs them: called eagerly, each of their operations would compile
 # a program of its own (hundreds per module, most of its time).
@@ -175,7 +175,7 @@ def test_greedy_follows_the_target_argmax():
 def test_a_chain_walks_exactly_as_the_linear_rule():
     """On a chain the walk makes the very same decisions as `accept_sampled` with the same
     keys (one uniform per position, one correction draw per row)."""
-    from specjax.rejection import accept_sampled
+    from specjax.verification.rejection import accept_sampled
 
     rng = np.random.default_rng(7)
     batch, k = 256, 4

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.trees import TreeShape, ancestor_mask, children_table, tree_depths
+from specjax.trees.shapes import TreeShape, ancestor_mask, children_table, tree_depths
 
 MEDUSA_LIKE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 

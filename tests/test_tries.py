@@ -1,4 +1,4 @@
-"""specjax.tries: candidate sequences merged into a trie, against a trie built in Python."""
+"""specjax.trees.tries: candidate sequences merged into a trie, against a trie built in Python."""
 
 import itertools
 
@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.tries import merge_into_trie
+from specjax.trees.tries import merge_into_trie
 
 
 def _merge(rows, num_nodes, **kwargs):

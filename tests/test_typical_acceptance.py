@@ -7,8 +7,8 @@ import numpy as np
 
 import specjax
 from specjax import GREEDY, DraftModel, SamplingConfig, TypicalAcceptance
-from specjax.trees import TreeShape
-from specjax.typical_acceptance import (
+from specjax.trees.shapes import TreeShape
+from specjax.verification.typical_acceptance import (
     accept_typical_chain,
     accept_typical_tree,
     typical_thresholds,

@@ -7,8 +7,8 @@ import pytest
 
 import specjax
 from specjax import GREEDY, DraftModel, SamplingConfig, SpeculativeConfig, TypicalAcceptance
-from specjax.trees import DynamicTree, TreeShape
-from specjax.verification import resolve_verification, rule_that_ran, verification_name
+from specjax.trees.shapes import DynamicTree, TreeShape
+from specjax.verification.rules import resolve_verification, rule_that_ran, verification_name
 
 TREE = TreeShape.from_paths([[0], [1], [0, 0]])
 PROMPTS = [[1, 2, 3, 4, 1, 2], [7, 7], [30, 2, 5, 9, 11, 3]]

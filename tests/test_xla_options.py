@@ -1,4 +1,4 @@
-"""specjax.xla_options: `specjax.compiler_options` blocks reach XLA, compile one program per
+"""specjax.runtime.xla_options: `specjax.compiler_options` blocks reach XLA, compile one program per
 set of options (the default program untouched), travel to the background compile, and
 the chi-square harness compiles its tree decoders with its own options on CPU."""
 
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.autoregressive import _decode_loop
-from specjax.speculative_loop import _speculative_loop
+from specjax.decoding.autoregressive import _decode_loop
+from specjax.decoding.speculative_loop import _speculative_loop
+from specjax.runtime.xla_options import options_in_force
 from specjax.testing import (
     HARNESS_CPU_COMPILER_OPTIONS,
     count_compilations,
@@ -16,7 +17,6 @@ from specjax.testing import (
     speculative_joint_pvalue,
     table_lm,
 )
-from specjax.xla_options import options_in_force
 
 GREEDY_RUN = dict(max_new_tokens=3, sampling=specjax.GREEDY)
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 import specjax
-from specjax.datastore import Datastore
-from specjax.files import load_npz, save_npz_atomically
+from specjax.drafters.datastore import Datastore
+from specjax.runtime.files import load_npz, save_npz_atomically
 from specjax_models.recipes.smollm2_prompts import chat_prompts, rewrite_prompts
 
 CHUNK = "answers_{stage}_{index:04d}.npz"

@@ -34,7 +34,7 @@ import numpy as np
 import specjax
 from specjax.drafters import eagle3_feature_layers
 from specjax.drafters.eagle import most_frequent_tokens
-from specjax.files import read_json, write_json_atomically, write_text_atomically
+from specjax.runtime.files import read_json, write_json_atomically, write_text_atomically
 from specjax.training import (
     HeadTrainConfig,
     TrainConfig,

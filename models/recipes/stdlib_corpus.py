@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specjax.files import atomic_path, damaged, read_json, write_json_atomically
+from specjax.runtime.files import atomic_path, damaged, read_json, write_json_atomically
 from specjax_models.tokenizer import BOS_ID, EOS_ID
 
 EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests",

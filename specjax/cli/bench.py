@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 from specjax.cli.bench_methods import METHODS, SETTINGS, MethodSpec, parse_methods
-from specjax.cli.common import CliError, add_sampling, check_dir, say, seed_value
+from specjax.cli.common import CliError, add_sampling, check_dir, recorded_command, say, seed_value
 
 __all__ = ["METHODS", "SETTINGS", "MethodSpec", "parse_methods", "register", "run",
            "validate", "method_args", "machine_record"]
@@ -95,7 +95,7 @@ def _positive(value, option: str) -> None:
 
 def validate(args) -> tuple[list[MethodSpec], list]:
     """Every check that needs no model: methods, numbers, targets, outputs, prompts."""
-    from specjax.bench_prompts import check_categories, read_questions, select_categories
+    from specjax.bench.prompts import check_categories, read_questions, select_categories
 
     bundled = args.model == "bundled" and not (args.hf or args.gguf)
     specs = parse_methods(args.methods or ("plain,prompt-lookup,draft" if bundled
@@ -198,7 +198,7 @@ def _check_spec(spec: MethodSpec, bundled: bool) -> None:
 
 def _bundled_questions() -> list:
     import specjax_models
-    from specjax.bench_prompts import Question
+    from specjax.bench.prompts import Question
 
     return [Question(f"{p['kind']} {i}", p["kind"], (p["text"],))
             for i, p in enumerate(specjax_models.bundled.bundled_prompts())]
@@ -276,9 +276,9 @@ def _measure(args, prepared, questions) -> int:
     import jax
 
     import specjax
-    from specjax.bench import BenchMethod
-    from specjax.bench import run as bench_run
-    from specjax.bench_prompts import bench_prompts, raw_chat_text
+    from specjax.bench.prompts import bench_prompts, raw_chat_text
+    from specjax.bench.runner import BenchMethod
+    from specjax.bench.runner import run as bench_run
     from specjax.cli.loading import (
         drafter_choice,
         load_drafter_choice,
@@ -360,7 +360,6 @@ def machine_record() -> dict:
     """What ran the measurement: the CPU, the accelerator, jax, the command line."""
     import os
     import platform
-    import shlex
 
     import jax
 
@@ -373,7 +372,7 @@ def machine_record() -> dict:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "backend": jax.default_backend(),
             "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
-            "command": "specjax " + shlex.join(sys.argv[1:])}
+            "command": recorded_command(sys.argv[1:])}
 
 
 def _markdown_page(report, machine: dict, args) -> str:

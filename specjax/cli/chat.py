@@ -101,7 +101,7 @@ def run(args) -> int:
     import jax
 
     import specjax
-    from specjax.speculative_loop import drafters_tree
+    from specjax.decoding.speculative_loop import drafters_tree
 
     args.target, args.dynamic_tree = None, None
     if args.hf and args.model:
@@ -188,7 +188,7 @@ def _compare_reply(target, drafter, ids, length, sampling, key, eos_ids, cache_s
     """Decode one request again plainly and speculatively (each compiled first) and say
     the measured speedup."""
     import specjax
-    from specjax.timing import wall_seconds
+    from specjax.runtime.timing import wall_seconds
 
     common = dict(max_new_tokens=length, sampling=sampling, key=key, eos_id=eos_ids,
                   cache_size=cache_size)

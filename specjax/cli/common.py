@@ -56,10 +56,39 @@ def num_params(lm) -> int:
     return sum(x.size for x in jax.tree.leaves(lm.params))
 
 
-def recorded_options(args) -> dict:
+def portable_path(text: str, base: str | None = None) -> str:
+    """A path as committed files record it: one under `base` (default: the folder the
+    command ran in, the repository for the documented commands) relative to it, one
+    elsewhere by its last part alone, so that no record names the machine that wrote it
+    (its users and scratch folders); anything that is not an absolute path unchanged."""
+    if not isinstance(text, str) or not os.path.isabs(text):
+        return text
+    base = os.path.abspath(base or os.getcwd())
+    path = os.path.normpath(text)
+    if path == base or path.startswith(base.rstrip(os.sep) + os.sep):
+        return os.path.relpath(path, base)
+    return os.path.basename(path) or text
+
+
+def recorded_command(argv: list[str], base: str | None = None) -> str:
+    """`specjax ...` as a checkpoint or result records it: shell-quoted, paths portable
+    (`portable_path`, also in `--option=/abs/path`)."""
+    import shlex
+
+    def portable(argument: str) -> str:
+        option, equals, value = argument.partition("=")
+        if equals and option.startswith("-"):
+            return f"{option}={portable_path(value, base)}"
+        return portable_path(argument, base)
+
+    return "specjax " + shlex.join(portable(a) for a in argv)
+
+
+def recorded_options(args, base: str | None = None) -> dict:
     """The command's options as a checkpoint's metadata records them (JSON values only:
-    the handler the parser attached is not an option)."""
-    return {name: value for name, value in vars(args).items() if name != "handler"}
+    the handler the parser attached is not an option; paths portable)."""
+    return {name: portable_path(value, base) for name, value in vars(args).items()
+            if name != "handler"}
 
 
 def check_dir(path: str | None, option: str) -> None:
@@ -147,7 +176,7 @@ def verification_rule(args):
             raise CliError("--typical-epsilon / --typical-delta set the typical rule; add "
                            "--verification typical (which is not exact)")
         return args.verification
-    from specjax.typical_acceptance import TypicalAcceptance
+    from specjax.verification.typical_acceptance import TypicalAcceptance
 
     try:
         return TypicalAcceptance(**typical)
@@ -163,7 +192,7 @@ def rule_for(args, tree, drafts_own_tree: bool = False):
     builds its own tree, lookahead or retrieval, not loaded yet): --verification block on
     a tree is refused by name."""
     check_rule_fits(args, tree is not None or drafts_own_tree)
-    from specjax.verification import resolve_verification
+    from specjax.verification.rules import resolve_verification
 
     return resolve_verification(getattr(args, "verification_rule", None), tree)
 
@@ -188,7 +217,7 @@ def compilation_cache(args) -> None:
     """JAX's persistent compilation cache, unless the option or the environment turns it
     off. Before jax is imported (the usual case) it is set up for jax to read when it
     loads, so a command that refuses its input never loads jax."""
-    from specjax.compilation_cache import (
+    from specjax.runtime.compilation_cache import (
         cache_for_next_jax_import,
         cache_turned_off_by_env,
         enable_compilation_cache,

@@ -72,8 +72,8 @@ def load_named_tokenizer(name: str):
 
 def documents_of(path: str, split: str) -> list[str]:
     """The documents of one file (a .jsonl file: one per line, its "text" field); lines
-    split at line feeds only (`specjax.bench_prompts.file_lines`)."""
-    from specjax.bench_prompts import file_lines
+    split at line feeds only (`specjax.bench.prompts.file_lines`)."""
+    from specjax.bench.prompts import file_lines
 
     try:
         with open(path, encoding="utf-8-sig") as f:
@@ -105,9 +105,9 @@ def documents_of(path: str, split: str) -> list[str]:
 
 
 def run_build(args) -> int:
-    from specjax.datastore import Datastore
-    from specjax.files import writable_destination
-    from specjax.timing import wall_seconds
+    from specjax.drafters.datastore import Datastore
+    from specjax.runtime.files import writable_destination
+    from specjax.runtime.timing import wall_seconds
 
     check_tokenizer_name(args.tokenizer)
     writable_destination(args.out)  # a folder or a missing folder: refused before the build
@@ -124,7 +124,7 @@ def run_build(args) -> int:
 
 
 def run_info(args) -> int:
-    from specjax.datastore import Datastore
+    from specjax.drafters.datastore import Datastore
 
     store = Datastore.load(args.file)
     print(json.dumps({"file": args.file, "documents": store.num_documents,

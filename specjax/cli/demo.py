@@ -55,7 +55,7 @@ def _timed_pair(spec, plain, reps: int):
     """Median seconds of two decoder calls, alternated (these machines are noisy)."""
     import numpy as np
 
-    from specjax.timing import wall_seconds
+    from specjax.runtime.timing import wall_seconds
 
     spec_out, plain_out = spec(), plain()  # compile (shapes are bucketed: once)
     spec_times, plain_times = [], []
@@ -73,8 +73,8 @@ def _demo_speed(target, draft, prompt_ids, args, sampling, key) -> None:
     import numpy as np
 
     import specjax
-    from specjax.inputs import plan_capacity
-    from specjax.timing import step_costs
+    from specjax.decoding.inputs import plan_capacity
+    from specjax.runtime.timing import step_costs
 
     k = args.num_draft_tokens
     lengths = np.array([len(ids) for ids in prompt_ids])

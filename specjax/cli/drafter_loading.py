@@ -155,8 +155,8 @@ def load_model_free(args, choice: str, target, sampling):
     """The lookahead or retrieval drafter the options describe, checked against target."""
     if choice == "lookahead":
         return parse_lookahead(args.lookahead)
-    from specjax.datastore import Datastore
     from specjax.drafters import Retrieval
+    from specjax.drafters.datastore import Datastore
 
     path = default_datastore(args)
     try:

@@ -156,9 +156,9 @@ def run(args) -> int:
     import numpy as np
 
     import specjax
-    from specjax.inputs import plan_capacity
-    from specjax.speculative_loop import drafters_tree
-    from specjax.timing import wall_seconds
+    from specjax.decoding.inputs import plan_capacity
+    from specjax.decoding.speculative_loop import drafters_tree
+    from specjax.runtime.timing import wall_seconds
 
     speculative = not args.no_speculation
     target, drafter, tokenizer = load_pair(args, sampling, lookup, speculative)

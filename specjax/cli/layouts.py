@@ -48,7 +48,7 @@ SCANNED_UP_TO_TOKENS = 160
 def timings_path() -> Path | None:
     """`$SPECJAX_LAYOUT_TIMINGS` when it names a file, None when it turns the records off,
     else `layout-timings.json` in the model cache's folder."""
-    from specjax.compilation_cache import OFF_VALUES
+    from specjax.runtime.compilation_cache import OFF_VALUES
     from specjax_models.model_cache import default_model_cache_dir
 
     chosen = os.environ.get(ENV_VAR, "").strip()

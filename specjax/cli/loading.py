@@ -277,7 +277,7 @@ def parse_mesh(args):
     spec = getattr(args, "mesh", None)
     if spec is None:
         return None
-    from specjax.sharding import default_rules, mesh_from_spec
+    from specjax.runtime.sharding import default_rules, mesh_from_spec
 
     try:
         mesh = mesh_from_spec(spec)
@@ -449,7 +449,7 @@ def finish_drafter(args, drafter):
 def search_layer_skip(args, target, ids, sampling, key):
     """`--skip auto`: the fastest of the measured candidate sets on this prompt (printed,
     so that the next run can pass it), as the finished drafter."""
-    from specjax.layer_search import search_skip_layers
+    from specjax.drafters.layer_search import search_skip_layers
 
     say("specjax: measuring which blocks to skip on this prompt (one compile per candidate)")
     search = search_skip_layers(target, [ids], num_draft_tokens=args.num_draft_tokens,

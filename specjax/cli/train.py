@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import sys
 
-from specjax.cli.common import check_dir, num_params, recorded_options, say, seed_value
+from specjax.cli.common import (
+    check_dir,
+    num_params,
+    recorded_command,
+    recorded_options,
+    say,
+    seed_value,
+)
 from specjax.cli.loading import load_model
 
 
@@ -99,7 +106,8 @@ def run_train(args) -> int:
         "heldout_loss": result.heldout_loss, "heldout_bits_per_byte":
         result.heldout_bits_per_token, "python": corpus.manifest["python"],
         "train_files": len(corpus.manifest["train_files"]),
-        "heldout_files": corpus.manifest["heldout_files"], "command": " ".join(sys.argv)})
+        "heldout_files": corpus.manifest["heldout_files"],
+        "command": recorded_command(sys.argv[1:])})
     print(f"trained {steps} steps; held-out {result.heldout_bits_per_token:.3f} bits per byte; "
           f"saved to {args.out}")
     return 0
@@ -128,7 +136,7 @@ def run_distill(args) -> int:
     _export(result.lm, specjax_models.load_config(args.draft), args.out, {
         "kind": "distill", "steps_done": steps, "args": recorded_options(args),
         "heldout_divergence": result.heldout_loss, "python": corpus.manifest["python"],
-        "command": " ".join(sys.argv)})
+        "command": recorded_command(sys.argv[1:])})
     unit = {"fkl": "nats per byte (forward KL)", "tvd": "(total variation, 0 to 1)"}
     print(f"distilled {steps} steps; held-out divergence {result.heldout_loss:.4f} "
           f"{unit[args.divergence]}; saved to {args.out}")

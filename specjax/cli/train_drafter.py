@@ -13,6 +13,7 @@ from specjax.cli.common import (
     check_dir,
     device_line,
     num_params,
+    recorded_command,
     recorded_options,
     refuse_target_with_smollm2,
     say,
@@ -148,7 +149,7 @@ def _drafter_data(args, target, corpus, out):
     import jax
 
     import specjax_models.recipes.stdlib_corpus as corpus_lib
-    from specjax.files import load_npz, save_npz_atomically
+    from specjax.runtime.files import load_npz, save_npz_atomically
     from specjax.training import self_distillation_data
 
     path = out / "data.npz"
@@ -208,7 +209,7 @@ def run(args) -> int:
     from pathlib import Path
 
     import specjax_models
-    from specjax.files import read_json, write_json_atomically
+    from specjax.runtime.files import read_json, write_json_atomically
     from specjax.training import HeadTrainConfig, train_head
     from specjax_models.heads import create_head
 
@@ -265,7 +266,7 @@ def run(args) -> int:
         "train_seconds_total": round(earlier.get("train_seconds_total", earlier.get(
             "train_seconds_this_run", 0.0)) + seconds, 1),
         "device": device_line(),
-        "command": "specjax " + " ".join(sys.argv[1:])})
+        "command": recorded_command(sys.argv[1:])})
     shown = ", ".join(f"{k} {v:.3f}" for k, v in acceptance.items())
     print(f"trained {steps} steps; held-out expected acceptance at t=1: {shown}; saved to "
           f"{out}")
@@ -306,7 +307,7 @@ def _train_chat_drafter(args) -> int:
 
     import specjax_models
     from specjax.drafters import eagle3_feature_layers
-    from specjax.files import write_json_atomically
+    from specjax.runtime.files import write_json_atomically
     from specjax_models.recipes.smollm2_draft import train_chat_draft, write_draft_card
     from specjax_models.recipes.smollm2_head import (
         ChatDataConfig,
@@ -417,7 +418,7 @@ def _train_chat_drafter(args) -> int:
     metadata.update({
         "data_seconds_this_run": round(data_seconds, 1),
         "device": device_line(),
-        "command": "specjax " + " ".join(sys.argv[1:])})
+        "command": recorded_command(sys.argv[1:])})
     write_json_atomically(out / "metadata.json", metadata)
     if args.method == "pard":
         from specjax_models.recipes.smollm2_parallel import write_parallel_card

@@ -8,7 +8,15 @@ from __future__ import annotations
 import sys
 import time
 
-from specjax.cli.common import CliError, check_dir, device_line, num_params, recorded_options, say
+from specjax.cli.common import (
+    CliError,
+    check_dir,
+    device_line,
+    num_params,
+    recorded_command,
+    recorded_options,
+    say,
+)
 from specjax.cli.loading import load_model
 from specjax.cli.train import load_corpus, training_config
 
@@ -133,7 +141,7 @@ def _train_pard(args, drafter_data) -> int:
             "heldout_acceptance": acceptance, "train_sequences": int(len(train)),
             "data_seconds_this_run": round(data_seconds, 1),
             "train_seconds_this_run": round(seconds, 1), "device": device_line(),
-            "command": "specjax " + " ".join(sys.argv[1:])})
+            "command": recorded_command(sys.argv[1:])})
     shown = ", ".join(f"{k} {v:.3f}" for k, v in acceptance.items())
     print(f"trained {steps} steps; held-out expected acceptance at t=1 per offset: {shown}; "
           f"saved to {out}")
@@ -148,7 +156,7 @@ def _train_p_eagle(args, drafter_data) -> int:
 
     import specjax_models
     from specjax.drafters.head_files import load_head
-    from specjax.files import read_json, write_json_atomically
+    from specjax.runtime.files import read_json, write_json_atomically
     from specjax.training import train_parallel_head, with_placeholder
     from specjax_models.heads import load_head_for
 
@@ -220,7 +228,7 @@ def _train_p_eagle(args, drafter_data) -> int:
         "data_seconds_this_run": round(data_seconds, 1),
         "train_seconds_this_run": round(seconds, 1),
         "train_seconds_total": round(earlier.get("train_seconds_total", 0.0) + seconds, 1),
-        "device": device_line(), "command": "specjax " + " ".join(sys.argv[1:])})
+        "device": device_line(), "command": recorded_command(sys.argv[1:])})
     shown = ", ".join(f"{k} {v:.3f}" for k, v in acceptance.items())
     print(f"trained {steps} steps; held-out expected acceptance at t=1 per offset: {shown}; "
           f"saved to {out}")

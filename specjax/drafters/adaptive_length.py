@@ -8,7 +8,8 @@
   per step, a `prior_acceptance` pseudo-trial) and offers the L in [`min_length`, K] that
   maximises the expected tokens per unit of time, (1 + alpha + ... + alpha^L) /
   (L c + v_L), with c the cost of a draft forward and v_L that of a verify of L drafts,
-  both in one-token target forwards (the caller's measurements: `specjax.timing.step_costs`).
+  both in one-token target forwards (the caller's measurements:
+  `specjax.runtime.timing.step_costs`).
   L = 0 (a one-token step) is allowed: where drafting cannot pay, a row stops drafting,
   and its estimate relaxes towards the prior until a probe tells it otherwise.
 

@@ -6,7 +6,7 @@ state and three pure functions, all called inside the jitted speculative step:
 - `init(prompt_tokens[B,P], prompt_lengths[B], capacity) -> state`: once, at prefill.
 - `propose(state, context, key, *, num_draft_tokens, sampling, vocab_size)
    -> (state, Proposal)`: K draft tokens per row and the distribution each was drawn from.
-   `sampling` is `specjax.sampling.SamplingParams`: per-row settings as traced arrays
+   `sampling` is `specjax.decoding.sampling.SamplingParams`: per-row settings as traced arrays
    (the draft warps its logits with `probabilities(logits, sampling)`, one-hot on greedy
    rows) and a static `greedy` (every row greedy: argmax drafting, one-hot q).
    A drafter that drafts token trees sets `drafts_trees = True` and also takes
@@ -14,7 +14,7 @@ state and three pure functions, all called inside the jitted speculative step:
    None for deterministic children); `forwards_per_step` takes the same `tree=`. One
    that also grows EAGLE-2 trees sets `drafts_dynamic_trees = True` and takes
    `tree=DynamicTree` (then it returns its own tree per row in `Proposal.parents`;
-   `specjax.dynamic_trees.grow_dynamic_tree` does the growing).
+   `specjax.trees.dynamic_trees.grow_dynamic_tree` does the growing).
 - `commit(state, Commit) -> state`: after verification, with every row's accepted count
    and accepted path.
 
@@ -41,9 +41,9 @@ import numpy as np
 from jax import Array
 from jaxtyping import Bool, Float, Int
 
-from specjax.causal_lm import CausalLM
-from specjax.sampling import SamplingConfig, SamplingParams
-from specjax.trees import DynamicTree, TreeBudget, TreeShape
+from specjax.decoding.sampling import SamplingConfig, SamplingParams
+from specjax.lm.causal_lm import CausalLM
+from specjax.trees.shapes import DynamicTree, TreeBudget, TreeShape
 
 
 @jax.tree_util.register_dataclass

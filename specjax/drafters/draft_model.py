@@ -19,7 +19,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from specjax.causal_lm import CausalLM, prefill
+from specjax.decoding.sampling import (
+    SamplingConfig,
+    SamplingParams,
+    draw_with_q,
+    probabilities,
+    row_keys,
+    sample_from_probs,
+    sampling_params,
+    tree_scores,
+)
 from specjax.drafters.base import (
     Commit,
     DraftContext,
@@ -31,19 +40,10 @@ from specjax.drafters.base import (
     scatter_to_vocab,
     token_confidence,
 )
-from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
-from specjax.sampling import (
-    SamplingConfig,
-    SamplingParams,
-    draw_with_q,
-    probabilities,
-    row_keys,
-    sample_from_probs,
-    sampling_params,
-    tree_scores,
-)
-from specjax.sharding import place_like_target
-from specjax.trees import DynamicTree, TreeShape, ancestor_mask
+from specjax.lm.causal_lm import CausalLM, prefill
+from specjax.runtime.sharding import place_like_target
+from specjax.trees.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.trees.shapes import DynamicTree, TreeShape, ancestor_mask
 
 DRAFT_METHODS = ("sample", "greedy")
 
@@ -346,7 +346,7 @@ class DraftModel:
     def _propose_dynamic_tree(self, state: DraftModelState, context: DraftContext,
                               tree: DynamicTree, sampling: SamplingParams,
                               vocab_size: int) -> tuple[DraftModelState, Proposal]:
-        """Grow an EAGLE-2 tree per row (`specjax.dynamic_trees`) in `tree.max_depth` draft
+        """Grow an EAGLE-2 tree per row (`specjax.trees.dynamic_trees`) in `tree.max_depth` draft
         forwards: the catch-up forward gives the root's children; each later forward feeds
         every expanded node after the committed tokens (each attending to its ancestors)
         and gives the children of the newest frontier. As with static trees, the nodes'

@@ -16,7 +16,7 @@ built from scratch.
 
 Proposals: chains (drafts sampled from the head's warped distribution with that q, or its
 argmax with a one-hot q), static trees (children sampled without replacement, or top-k),
-and EAGLE-2 dynamic trees (top-k, grown by `specjax.dynamic_trees`). All are exact.
+and EAGLE-2 dynamic trees (top-k, grown by `specjax.trees.dynamic_trees`). All are exact.
 """
 
 from __future__ import annotations
@@ -30,7 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from specjax.causal_lm import CausalLM
+from specjax.decoding.sampling import (
+    SamplingConfig,
+    SamplingParams,
+    draw_with_q,
+    tree_scores,
+)
 from specjax.drafters.base import (
     Commit,
     DraftContext,
@@ -70,15 +75,10 @@ from specjax.drafters.head_files import (
     save_head,
 )
 from specjax.drafters.model_block import ModelBlock
-from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
-from specjax.files import damaged
-from specjax.sampling import (
-    SamplingConfig,
-    SamplingParams,
-    draw_with_q,
-    tree_scores,
-)
-from specjax.trees import DynamicTree, TreeShape, ancestor_mask
+from specjax.lm.causal_lm import CausalLM
+from specjax.runtime.files import damaged
+from specjax.trees.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.trees.shapes import DynamicTree, TreeShape, ancestor_mask
 
 # Slots past the target's capacity in the head's cache: a dynamic tree re-feeds every
 # expanded node (top_k * (max_depth - 1)), which may exceed the step's N + 1 scratch slots.
@@ -457,7 +457,7 @@ class Eagle:
     def _propose_dynamic_tree(self, state: EagleState, tree: DynamicTree,
                               sampling: SamplingParams):
         """EAGLE-2: grow each row's tree from the head's top-k (see
-        `specjax.dynamic_trees`); each expansion re-feeds the expanded nodes, each with its
+        `specjax.trees.dynamic_trees`); each expansion re-feeds the expanded nodes, each with its
         parent's output as its feature."""
         fed = tree.top_k * (tree.max_depth - 1)
         if fed > tree.num_nodes + 1 + HEAD_SCRATCH_SLOTS:

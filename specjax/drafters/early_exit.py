@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from specjax.causal_lm import CausalLM
+from specjax.decoding.sampling import SamplingConfig, SamplingParams, draw_with_q
 from specjax.drafters.base import (
     Commit,
     DraftContext,
@@ -62,8 +62,8 @@ from specjax.drafters.head_files import (
     restrict_lm_head,
     save_head,
 )
-from specjax.files import damaged
-from specjax.sampling import SamplingConfig, SamplingParams, draw_with_q
+from specjax.lm.causal_lm import CausalLM
+from specjax.runtime.files import damaged
 
 # The saved head's kind (`head.json`), next to "eagle" and "medusa".
 EARLY_EXIT_KIND = "early_exit"

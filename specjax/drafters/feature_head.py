@@ -33,7 +33,7 @@ Switches for the layers published checkpoints carry (`specjax_models.load_drafte
   its layer 0, logits straight from the output); `qkv_bias` (heads for Qwen2 targets).
 - `first_pair=False`: the published heads never saw a pair before the first token, so the
   slot-0 pair (zero feature, first token) is hidden from every later position.
-- `rope_scaling`: Llama 3.1's band-wise rule or linear (`specjax.rope`).
+- `rope_scaling`: Llama 3.1's band-wise rule or linear (`specjax.lm.rope`).
 - `zero_first_embedding`: the embedding of token 1 (in the first pair such a head sees,
   (feature 0, token 1)) is zeroed, as Xiaomi's vLLM code runs MiMo's MTP module.
 - `fuse_norm` ("joint": one RMSNorm over the concatenated layers, speculators'
@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import Float, Int
 
-from specjax import attention, rope
+from specjax.lm import attention, rope
 
 HEAD_KINDS = ("eagle1", "eagle3", "mtp", "kangaroo")
 LAYER_INPUTS = ("fc", "concat")
@@ -410,7 +410,7 @@ def _attend_cache(config: FeatureHeadConfig, q_BTNH: Array, keys_BSKH: Array,
                   new_mask_BTT: Array | None) -> Array:
     """Attention `[B, K, G, T, H]` of the new positions over the written cache: committed
     slots and the new positions `new_mask` allows, read in blocks only as far as the
-    furthest visible slot (`specjax.attention`: cost follows the tokens, not the
+    furthest visible slot (`specjax.lm.attention`: cost follows the tokens, not the
     capacity)."""
     batch, length, heads, hd = q_BTNH.shape
     q_BKGTH = q_BTNH.reshape(batch, length, config.num_kv_heads, heads // config.num_kv_heads,

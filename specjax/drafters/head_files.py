@@ -15,7 +15,7 @@ from jax import Array
 
 from specjax.drafters.base import draft_vocab_ids
 from specjax.drafters.feature_head import FeatureHeadConfig, init_head_params
-from specjax.files import (
+from specjax.runtime.files import (
     check_arrays,
     damaged,
     load_npz,

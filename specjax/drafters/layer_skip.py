@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from specjax.causal_lm import CausalLM
+from specjax.decoding.sampling import SamplingConfig, SamplingParams, draw_with_q
 from specjax.drafters.base import (
     Commit,
     DraftContext,
@@ -35,7 +35,7 @@ from specjax.drafters.base import (
     token_confidence,
 )
 from specjax.drafters.draft_model import DRAFT_METHODS
-from specjax.sampling import SamplingConfig, SamplingParams, draw_with_q
+from specjax.lm.causal_lm import CausalLM
 
 
 def _static(**kwargs):

@@ -9,7 +9,7 @@ No draft model. Every step's ONE target forward carries two branches under one m
   text, and the target's output there is the Jacobi update of the guess one position on.
   These nodes are verified but never accepted (`Proposal.never_accept`).
 - the verification branch: the n-grams of the pool that start with the row's last token
-  (up to G, the most recent first), merged into a trie (`specjax.tries`).
+  (up to G, the most recent first), merged into a trie (`specjax.trees.tries`).
 
 After the forward (`commit`, which reads the target's argmax at every node,
 `Commit.target_tokens`), column j with the target's token after its last level is an
@@ -32,11 +32,11 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import Int
 
-from specjax.causal_lm import CausalLM
+from specjax.decoding.sampling import SamplingConfig, SamplingParams
 from specjax.drafters.base import Commit, DraftContext, Proposal, check_own_tree
-from specjax.sampling import SamplingConfig, SamplingParams
-from specjax.trees import TreeBudget
-from specjax.tries import merge_into_trie
+from specjax.lm.causal_lm import CausalLM
+from specjax.trees.shapes import TreeBudget
+from specjax.trees.tries import merge_into_trie
 
 
 @jax.tree_util.register_dataclass

@@ -26,7 +26,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from specjax.causal_lm import CausalLM
+from specjax.decoding.sampling import (
+    SamplingConfig,
+    SamplingParams,
+    probabilities,
+    row_keys,
+    sample_from_probs,
+    tree_scores,
+)
 from specjax.drafters.base import Commit, DraftContext, Proposal
 from specjax.drafters.draft_model import DRAFT_METHODS
 from specjax.drafters.eagle import accepted_feature_index
@@ -36,17 +43,10 @@ from specjax.drafters.head_files import (
     load_head,
     save_head,
 )
-from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
-from specjax.files import check_arrays, damaged
-from specjax.sampling import (
-    SamplingConfig,
-    SamplingParams,
-    probabilities,
-    row_keys,
-    sample_from_probs,
-    tree_scores,
-)
-from specjax.trees import DynamicTree, TreeShape
+from specjax.lm.causal_lm import CausalLM
+from specjax.runtime.files import check_arrays, damaged
+from specjax.trees.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.trees.shapes import DynamicTree, TreeShape
 
 
 def init_medusa_params(num_heads: int, d_model: int) -> dict:

@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from specjax.decoding.sampling import SamplingParams, draw_with_q, tree_scores
 from specjax.drafters.base import Proposal, confident_drafts, token_confidence
 from specjax.drafters.draft_model import draw_children, empty_tree_draws, place_children
-from specjax.dynamic_trees import ExpandedNodes, grow_dynamic_tree
-from specjax.sampling import SamplingParams, draw_with_q, tree_scores
-from specjax.trees import DynamicTree, TreeShape
+from specjax.trees.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.trees.shapes import DynamicTree, TreeShape
 
 # offset_logits(d) -> float32 [B, V] over the target's vocabulary, offset d + 1 (d >= 0).
 OffsetLogits = Callable[[int], Array]
@@ -76,7 +76,7 @@ def static_tree_from_offsets(key: Array, offset_logits: OffsetLogits, tree: Tree
 
 def dynamic_tree_from_offsets(offset_logits: OffsetLogits, tree: DynamicTree,
                               sampling: SamplingParams, vocab_size: int) -> Proposal:
-    """An EAGLE-2 tree per row (`specjax.dynamic_trees`), a depth-d frontier expanded from
+    """An EAGLE-2 tree per row (`specjax.trees.dynamic_trees`), a depth-d frontier expanded from
     offset d + 1."""
     scores_BDV = jnp.stack([tree_scores(offset_logits(d), sampling)
                             for d in range(tree.max_depth)], axis=1)

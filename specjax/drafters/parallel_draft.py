@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from specjax.causal_lm import CausalLM, prefill
+from specjax.decoding.sampling import SamplingConfig, SamplingParams
 from specjax.drafters.base import Commit, DraftContext, Proposal, check_trained_positions
 from specjax.drafters.draft_model import DraftModel, check_draft_fields
 from specjax.drafters.offset_proposals import (
@@ -45,9 +45,9 @@ from specjax.drafters.offset_proposals import (
     dynamic_tree_from_offsets,
     static_tree_from_offsets,
 )
-from specjax.sampling import SamplingConfig, SamplingParams
-from specjax.sharding import place_like_target
-from specjax.trees import DynamicTree, TreeShape
+from specjax.lm.causal_lm import CausalLM, prefill
+from specjax.runtime.sharding import place_like_target
+from specjax.trees.shapes import DynamicTree, TreeShape
 
 
 @jax.tree_util.register_dataclass

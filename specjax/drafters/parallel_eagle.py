@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from specjax.causal_lm import CausalLM
+from specjax.decoding.sampling import SamplingConfig, SamplingParams
 from specjax.drafters.base import Commit, DraftContext, Proposal, check_trained_positions
 from specjax.drafters.eagle import HEAD_SCRATCH_SLOTS, Eagle, accepted_feature_index
 from specjax.drafters.feature_head import init_head_cache
@@ -44,8 +44,8 @@ from specjax.drafters.offset_proposals import (
     dynamic_tree_from_offsets,
     static_tree_from_offsets,
 )
-from specjax.sampling import SamplingConfig, SamplingParams
-from specjax.trees import DynamicTree, TreeShape
+from specjax.lm.causal_lm import CausalLM
+from specjax.trees.shapes import DynamicTree, TreeShape
 
 
 @jax.tree_util.register_dataclass

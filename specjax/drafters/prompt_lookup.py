@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from specjax.causal_lm import CausalLM
+from specjax.decoding.sampling import SamplingConfig, SamplingParams
 from specjax.drafters.base import Commit, DraftContext, Proposal
-from specjax.sampling import SamplingConfig, SamplingParams
+from specjax.lm.causal_lm import CausalLM
 
 
 def suffix_match_lengths(sequence_BS: Array, lengths_B: Array, max_length: int) -> Array:

@@ -9,7 +9,7 @@ No draft model. Each step, for every row:
    per-request store), searched directly;
 2. read what followed up to `samples` of its occurrences in the sources whose match is
    the longest (`depth` tokens each);
-3. merge them into a trie (`specjax.tries`) and keep its most frequent nodes: a node
+3. merge them into a trie (`specjax.trees.tries`) and keep its most frequent nodes: a node
    whose estimated probability (occurrences through it / occurrences read) is under
    `min_probability` is dropped, at most `max_branching` children per node, and at most
    `max_nodes` nodes, or `speculation_factor` x the match length when set (the longer the
@@ -32,13 +32,13 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from specjax.causal_lm import CausalLM
-from specjax.datastore import Datastore, continuations, longest_match
+from specjax.decoding.sampling import SamplingConfig, SamplingParams
 from specjax.drafters.base import Commit, DraftContext, Proposal, check_own_tree
+from specjax.drafters.datastore import Datastore, continuations, longest_match
 from specjax.drafters.prompt_lookup import suffix_match_lengths
-from specjax.sampling import SamplingConfig, SamplingParams
-from specjax.trees import TreeBudget
-from specjax.tries import merge_into_trie
+from specjax.lm.causal_lm import CausalLM
+from specjax.trees.shapes import TreeBudget
+from specjax.trees.tries import merge_into_trie
 
 
 def _positive_int(name: str, value, least: int = 1) -> None:
@@ -110,7 +110,7 @@ class Retrieval:
     own_text_bonus: int = dataclasses.field(default=0, metadata={"static": True})
 
     drafts_trees = True
-    # Real nodes come first (`specjax.tries`): a step verifies only as many nodes as the
+    # Real nodes come first (`specjax.trees.tries`): a step verifies only as many nodes as the
     # running rows offer (0, 1, 2, 4, ... max_nodes), not the whole budget.
     graded_num_real = True
 

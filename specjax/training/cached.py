@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from specjax.causal_lm import CausalLM, full_logits
+from specjax.lm.causal_lm import CausalLM, full_logits
 from specjax.training.config import TrainConfig
 from specjax.training.loop import TrainResult, _run, epoch_batches
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
-from specjax.files import damaged, write_text_atomically
+from specjax.runtime.files import damaged, write_text_atomically
 
 HISTORY_FILE = "history.jsonl"
 

@@ -44,8 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.autoregressive import generate
-from specjax.causal_lm import CausalLM
+from specjax.decoding.autoregressive import generate
+from specjax.decoding.sampling import SamplingConfig
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.early_exit import EarlyExit
 from specjax.drafters.feature_head import (
@@ -58,7 +58,7 @@ from specjax.drafters.feature_head import (
     project_qkv,
 )
 from specjax.drafters.medusa import Medusa, medusa_logits
-from specjax.sampling import SamplingConfig
+from specjax.lm.causal_lm import CausalLM
 from specjax.training.cached import masked_mean, soft_label_terms
 from specjax.training.config import TrainConfig
 from specjax.training.loop import TrainResult, _run, epoch_batches

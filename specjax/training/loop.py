@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.autoregressive import generate
-from specjax.causal_lm import CausalLM
-from specjax.sampling import SamplingConfig
-from specjax.sharding import commit_beside_weights
+from specjax.decoding.autoregressive import generate
+from specjax.decoding.sampling import SamplingConfig
+from specjax.lm.causal_lm import CausalLM
+from specjax.runtime.sharding import commit_beside_weights
 from specjax.training import checkpoints
 from specjax.training.config import DistillConfig, TrainConfig
 from specjax.training.losses import distill_loss, next_token_loss

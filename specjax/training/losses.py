@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from specjax.causal_lm import CausalLM, full_logits
+from specjax.lm.causal_lm import CausalLM, full_logits
 from specjax.training.config import DistillConfig
 
 

@@ -31,11 +31,11 @@ import numpy as np
 import optax
 from jax import Array
 
-from specjax.causal_lm import CausalLM, full_logits
+from specjax.decoding.inputs import pack_prompts
+from specjax.decoding.speculative_loop import SpeculativeOutput, speculative_generate
 from specjax.drafters.draft_model import DraftModel
-from specjax.inputs import pack_prompts
-from specjax.sharding import commit_beside_weights
-from specjax.speculative_loop import SpeculativeOutput, speculative_generate
+from specjax.lm.causal_lm import CausalLM, full_logits
+from specjax.runtime.sharding import commit_beside_weights
 from specjax.training.config import DIVERGENCES
 from specjax.training.losses import divergence_per_position
 

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from specjax.causal_lm import CausalLM
+from specjax.lm.causal_lm import CausalLM
 from specjax.training.cached import (
     DISTILL_KEYS,
     check_cached_training,

@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from specjax.causal_lm import CausalLM
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.feature_head import head_block, head_inputs, init_mask_hidden
+from specjax.lm.causal_lm import CausalLM
 from specjax.training.config import TrainConfig
 from specjax.training.heads import target_outputs
 from specjax.training.loop import TrainResult, _run, epoch_batches
