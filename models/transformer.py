@@ -124,7 +124,7 @@ class Transformer(nnx.Module):
     def __call__(self, tokens_BT: Array, positions_BT: Array, cache: KVCache | None = None,
                  cache_lengths_B: Array | None = None, new_mask_BTT: Array | None = None,
                  feature_layers: tuple[int, ...] = (), layers: tuple[int, ...] | None = None,
-                 head: bool = True):
+                 head: bool = True, layer_mask: Array | None = None):
         """`(logits f32[B,T,V], hidden[B,T,D], cache)`. With `feature_layers` (static layer
         indices), hidden is `[B, T, F + 1, D]`: the residual stream entering each listed
         layer, then the final (normed) hidden state, from this same forward (EAGLE-3 reads
@@ -134,6 +134,10 @@ class Transformer(nnx.Module):
         others pass the residual stream through unchanged and their cache entries are not
         touched (self-speculation drafts with the target's own weights this way, reading
         the cache the full model wrote for the layers it runs).
+
+        `layer_mask` (bool [L], data: traced values allowed): the same as `layers` with the
+        blocks where it is True, chosen at run time: one compiled program serves every
+        subset (a skipped block is a `lax.cond` branch that passes its inputs through).
 
         `head=False`: stop after the blocks: `(None, residual stream [B, T, D], cache)`, the
         stream leaving the last block run, before the final norm and the LM head (an early
@@ -151,6 +155,14 @@ class Transformer(nnx.Module):
             if feature_layers:
                 raise ValueError("feature_layers with a subset of layers is not defined: the "
                                  "residual streams then differ from the full model's")
+        if layer_mask is not None:
+            if layers is not None or feature_layers:
+                raise ValueError("layer_mask chooses the blocks at run time: pass it without "
+                                 "layers= and feature_layers=")
+            if tuple(jnp.shape(layer_mask)) != (cfg.num_layers,):
+                raise ValueError(f"layer_mask must be bool [{cfg.num_layers}] (one flag per "
+                                 f"block), got shape {tuple(jnp.shape(layer_mask))}")
+            layer_mask = jnp.asarray(layer_mask, bool)
         running = range(cfg.num_layers) if layers is None else layers
         if cache is not None and cache_lengths_B is None:
             raise ValueError("cache_lengths is required when a cache is given")
@@ -175,7 +187,7 @@ class Transformer(nnx.Module):
         windows = [cfg.layer_window(i) for i in range(cfg.num_layers)]
         has_windows = any(w is not None for w in windows)
 
-        def run_layer(block, x_BTD, cache_kv, features, layer, window):
+        def run_block(block, x_BTD, cache_kv, features, layer, window):
             # The residual stream entering each requested layer (static list).
             features = tuple(jnp.where(layer == wanted, x_BTD, kept)
                              for wanted, kept in zip(feature_layers, features, strict=True))
@@ -188,6 +200,17 @@ class Transformer(nnx.Module):
                                                   cache_kv, cache_lengths_B, new_mask_BTT,
                                                   key_positions_BS, window=window)
             return x_BTD, cache_kv, features
+
+        def run_layer(block, x_BTD, cache_kv, features, layer, window):
+            if layer_mask is None or cfg.scan_layers:  # scanned: masked_body's cond
+                return run_block(block, x_BTD, cache_kv, features, layer, window)
+            block_def, block_params = nnx.split(block)
+            return jax.lax.cond(
+                layer_mask[layer],
+                lambda params, *carry: run_block(nnx.merge(block_def, params), *carry, layer,
+                                                 window),
+                lambda params, *carry: carry,  # skipped: the stream and cache pass through
+                block_params, x_BTD, cache_kv, features)
 
         features = tuple(jnp.zeros_like(x_BTD) for _ in feature_layers)
         if cfg.scan_layers:
@@ -209,8 +232,26 @@ class Transformer(nnx.Module):
                     layer_params)
                 return run_layer(nnx.merge(block_def, params), *carry, layer, window), None
 
+            def masked_body(carry, layer_inputs):
+                # Every layer, each run or passed through at run time; a skipped layer's
+                # weights are not even sliced out of the stack (the slice is in the branch).
+                layer, window = layer_inputs
+
+                def run(*carry):
+                    params = jax.tree.map(
+                        lambda stack: jax.lax.dynamic_index_in_dim(stack, layer,
+                                                                   keepdims=False),
+                        layer_params)
+                    return run_layer(nnx.merge(block_def, params), *carry, layer, window)
+
+                return jax.lax.cond(layer_mask[layer], run, lambda *carry: carry, *carry), None
+
             cache_kv = None if cache is None else (cache.keys, cache.values)
-            if layers is None:
+            if layer_mask is not None:
+                (x_BTD, cache_kv, features), _ = jax.lax.scan(
+                    masked_body, (x_BTD, cache_kv, features),
+                    (jnp.arange(cfg.num_layers, dtype=jnp.int32), windows_L))
+            elif layers is None:
                 (x_BTD, cache_kv, features), _ = jax.lax.scan(
                     scan_body, (x_BTD, cache_kv, features),
                     (layer_params, jnp.arange(cfg.num_layers, dtype=jnp.int32), windows_L))
@@ -236,6 +277,9 @@ class Transformer(nnx.Module):
             new_kv = None if cache is None else (tuple(new_keys), tuple(new_values))
         new_cache = None if cache is None else KVCache(new_kv[0], new_kv[1], key_positions_BS)
         if not head:
+            if layers is None and layer_mask is None:
+                raise ValueError("head=False is an early exit after a subset of the layers: "
+                                 "pass layers= or layer_mask=")
             if feature_layers:
                 raise ValueError("head=False returns the residual stream itself; "
                                  "feature_layers is for forwards that reach the head")

@@ -18,6 +18,7 @@ from specjax.decoding.sampling import sampling_params
 from specjax.decoding.speculative_loop import init_speculative_state, speculative_config
 from specjax.decoding.step import compile_key, compiled_step, propose
 from specjax.drafters import AdaptiveLength, LayerSkip
+from specjax.drafters.layer_skip import MAX_LAYERS
 from specjax.testing import plus_one_lm
 from specjax_models.transformer import embedding_and_head
 
@@ -74,11 +75,13 @@ def test_scanned_and_unrolled_layers_draft_alike(tmp_path):
 
 
 def test_the_weights_enter_the_compiled_step_once():
-    """The drafter has no leaves, and the compiled step's inputs are the target's
-    parameters, the decode state and the sampling values: no second copy of a weight."""
+    """The drafter's one leaf is its skip mask, and the compiled step's inputs are the
+    target's parameters, the decode state, the sampling values and that mask: no second
+    copy of a weight."""
     target = build_lm(3, num_layers=3)
     drafter = LayerSkip(skip=(1,))
-    assert jax.tree.leaves(drafter) == []
+    (mask,) = jax.tree.leaves(drafter)
+    assert mask.shape == (MAX_LAYERS,) and np.flatnonzero(mask).tolist() == [1]
     state, drafter = init_speculative_state(target, drafter, PROMPTS, max_new_tokens=8,
                                             num_draft_tokens=3, sampling=T1,
                                             key=jax.random.key(0))
@@ -89,7 +92,67 @@ def test_the_weights_enter_the_compiled_step_once():
     nbytes = lambda tree: sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
     argument_bytes = sum(aval.size * aval.dtype.itemsize
                          for aval in jax.tree.leaves(lowered.in_avals))
-    assert argument_bytes == nbytes(target.params) + nbytes(state) + nbytes(sampling)
+    assert argument_bytes == (nbytes(target.params) + nbytes(state) + nbytes(sampling)
+                              + MAX_LAYERS)
+
+
+def test_every_skipped_set_shares_one_compiled_decoder():
+    """The set is data: after the first set compiles the decoder, other sets of any size
+    (and the search's candidates) compile nothing, and each still decodes exactly (greedy
+    equals generate)."""
+    from specjax.testing import count_compilations
+
+    target = build_lm(3, num_layers=3)
+    plain = specjax.generate(target, PROMPTS, max_new_tokens=10, sampling=specjax.GREEDY)
+    run = lambda skip: specjax.speculative_generate(
+        target, LayerSkip(skip=skip), PROMPTS, max_new_tokens=10, num_draft_tokens=3,
+        sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(run((1,)).tokens, plain.tokens)
+    with count_compilations() as compiled:
+        outs = [run(skip) for skip in ((0,), (0, 2), (2,), (1, 2))]
+    assert compiled == []
+    for out in outs:
+        np.testing.assert_array_equal(out.tokens, plain.tokens)
+    # Different sets draft differently: the mask reaches the program.
+    assert len({float(out.stats.acceptance_rate) for out in outs}) > 1
+
+
+def test_a_layer_mask_runs_the_blocks_layers_would():
+    """`CausalLM.apply(layer_mask=)` (data) gives `layers=` (static)'s logits and cache,
+    scanned and unrolled, traced inside jit; a skipped block's cache is left alone."""
+    tokens, positions = jnp.asarray([[3, 4]]), jnp.arange(2)[None]
+    lengths = jnp.zeros(1, jnp.int32)
+    masked = jax.jit(lambda lm, cache, m: lm.apply(tokens, positions, cache, lengths,
+                                                   layer_mask=m))
+    for scan in (False, True):
+        target = build_lm(3, num_layers=3, scan_layers=scan)
+        cache = target.init_cache(1, 8)
+        by_layers = target.apply(tokens, positions, cache, lengths, layers=(0, 2))
+        by_mask = masked(target, cache, jnp.asarray([True, False, True]))
+        np.testing.assert_allclose(by_mask[0], by_layers[0], atol=1e-6)
+        for mine, theirs in zip(jax.tree.leaves(by_mask[2]), jax.tree.leaves(by_layers[2]),
+                                strict=True):
+            np.testing.assert_allclose(mine, theirs, atol=1e-6)
+        keys = by_mask[2].keys
+        assert not bool(jnp.any(keys[1] != 0)) and bool(jnp.any(keys[0] != 0))
+    with pytest.raises(ValueError, match="bool \\[3\\]"):
+        target.apply(tokens, positions, cache, lengths, layer_mask=jnp.ones(2, bool))
+    with pytest.raises(ValueError, match="without layers="):
+        target.apply(tokens, positions, cache, lengths, layer_mask=jnp.ones(3, bool),
+                     layers=(0,))
+
+
+def test_the_set_round_trips_as_a_pytree_and_is_traced_inside_jit():
+    drafter = LayerSkip(skip=(2, 0), method="greedy", min_confidence=0.3)
+    again = jax.tree.map(lambda leaf: leaf, drafter)
+    assert again == drafter and again.skip == (0, 2) and again.method == "greedy"
+    assert jax.tree.structure(drafter) == jax.tree.structure(LayerSkip(skip=(5, 6, 7),
+                                                                       method="greedy",
+                                                                       min_confidence=0.3))
+    seen = jax.jit(lambda d: (d.skip is None, d.kept_mask(4)))(drafter)
+    assert bool(seen[0]) and np.asarray(seen[1]).tolist() == [False, True, False, True]
+    with pytest.raises(ValueError, match=f"outside \\[0, {MAX_LAYERS}\\)"):
+        LayerSkip(skip=(MAX_LAYERS,))
 
 
 def test_greedy_layer_skip_with_adaptive_length_equals_generate():

@@ -1,9 +1,10 @@
 """Which blocks should a self-speculating target skip? (`specjax.drafters.LayerSkip`)
 
 Draft & Verify (Zhang et al. 2023) searches the skipped set by Bayesian optimisation of
-measured speed; SWIFT (Xia et al. 2024) picks it on the fly. Each candidate set is its own
-compiled decoder here, so a search over every subset is out of reach on a CPU; this one
-measures a short family instead:
+measured speed; SWIFT (Xia et al. 2024) picks it on the fly. The skipped set is data here
+(`LayerSkip` carries it as a mask; the target runs or passes each block at run time), so
+every candidate shares one compiled decoder; timing each still costs decoding runs, so
+this search measures a short family:
 
 1. `layer_influence`: one forward over the calibration prompts records the residual
    stream entering every block; a block whose output stream is nearly parallel to its
@@ -105,9 +106,9 @@ def search_skip_layers(target: CausalLM, prompts, *, num_draft_tokens: int = 4,
                        key: jax.Array | None = None) -> SkipSearch:
     """Measure LayerSkip with the n least influential blocks skipped, n = round(f L) for
     each fraction f (at least 1, at most L - 1, distinct), on `prompts` (token id lists,
-    one batch), and return them all with the fastest (`SkipSearch`). Each candidate
-    compiles its own decoder once (kept apart from its timing, the median of `reps`
-    runs); plain decoding is timed the same way."""
+    one batch), and return them all with the fastest (`SkipSearch`). The candidates share
+    one compiled decoder (the first compiles it, kept apart from its timing, the median
+    of `reps` runs); plain decoding is timed the same way."""
     _check_target(target)
     num_layers = target.num_layers
     if num_layers < 2:

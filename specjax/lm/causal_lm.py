@@ -38,9 +38,11 @@ class _NnxApply:
     graphdef: Any
 
     def __call__(self, params, tokens, positions, cache, cache_lengths, new_mask=None,
-                 feature_layers=(), layers=None, head=True):
+                 feature_layers=(), layers=None, head=True, layer_mask=None):
         module = nnx.merge(self.graphdef, params)
         extra = {} if layers is None else {"layers": layers}
+        if layer_mask is not None:
+            extra["layer_mask"] = layer_mask
         if not head:
             extra["head"] = False
         if feature_layers:
@@ -167,7 +169,8 @@ class CausalLM:
 
     def apply(self, tokens_BT: Array, positions_BT: Array, cache, cache_lengths_B: Array,
               new_mask_BTT: Array | None = None, feature_layers: tuple[int, ...] = (),
-              layers: tuple[int, ...] | None = None, head: bool = True):
+              layers: tuple[int, ...] | None = None, head: bool = True,
+              layer_mask: Array | None = None):
         """`(logits f32[B,T,V], hidden[B,T,D], cache)` for T new tokens per row.
 
         `feature_layers` (static): hidden becomes `[B, T, F + 1, D]`, the residual stream
@@ -175,18 +178,32 @@ class CausalLM:
         `apply_fn` must then take a `feature_layers=` keyword (`from_nnx` models do).
         `layers` (static increasing block indices, None: all): run only those blocks
         (see `num_layers`); the cache entries of the others are left as they were.
-        `head=False` (with `layers`): stop after those blocks and return `(None, residual
-        stream [B, T, D], cache)`, the stream before the final norm (an early exit,
-        `specjax.drafters.EarlyExit`); the LM head is not computed.
+        `layer_mask` (bool [num_layers], data): the blocks to run, chosen at run time, so
+        one compiled program serves every subset (`specjax.drafters.LayerSkip`'s set);
+        `apply_fn` must take a `layer_mask=` keyword (`from_nnx` models do).
+        `head=False` (with `layers` or `layer_mask`): stop after those blocks and return
+        `(None, residual stream [B, T, D], cache)`, the stream before the final norm (an
+        early exit, `specjax.drafters.EarlyExit`); the LM head is not computed.
         """
-        if not head and (layers is None or feature_layers):
+        if not head and ((layers is None and layer_mask is None) or feature_layers):
             raise ValueError("head=False is an early exit after a subset of the layers: pass "
-                             "layers=, and no feature_layers (the stream is the output)")
+                             "layers= or layer_mask=, and no feature_layers (the stream is "
+                             "the output)")
+        if (layers is not None or layer_mask is not None) and self.num_layers is None:
+            raise ValueError("this CausalLM cannot run a subset of its layers: its "
+                             "apply_fn takes no layers= (give num_layers=, or build it "
+                             "with CausalLM.from_nnx from a specjax_models.Transformer)")
+        if layer_mask is not None:
+            if layers is not None or feature_layers:
+                raise ValueError("layer_mask chooses the blocks at run time: pass it without "
+                                 "layers= and feature_layers=")
+            if tuple(jnp.shape(layer_mask)) != (self.num_layers,):
+                raise ValueError(f"layer_mask must be bool [{self.num_layers}] (one flag per "
+                                 f"block), got shape {tuple(jnp.shape(layer_mask))}")
+            early_exit = {} if head else {"head": False}
+            return self.apply_fn(self.params, tokens_BT, positions_BT, cache, cache_lengths_B,
+                                 new_mask_BTT, layer_mask=layer_mask, **early_exit)
         if layers is not None:
-            if self.num_layers is None:
-                raise ValueError("this CausalLM cannot run a subset of its layers: its "
-                                 "apply_fn takes no layers= (give num_layers=, or build it "
-                                 "with CausalLM.from_nnx from a specjax_models.Transformer)")
             early_exit = {} if head else {"head": False}
             return self.apply_fn(self.params, tokens_BT, positions_BT, cache, cache_lengths_B,
                                  new_mask_BTT, feature_layers=tuple(feature_layers),
