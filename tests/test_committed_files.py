@@ -66,3 +66,17 @@ def test_recorded_commands_and_options_name_no_machine(tmp_path):
                        "--prompt 'a b'")
     options = recorded_options(Namespace(out=outside, steps=3, handler=print), base)
     assert options == {"out": "eagle", "steps": 3}
+
+
+def test_the_benchmarks_readme_maps_every_result_to_a_script_that_exists():
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    results = [path for path in committed_text_files("benchmarks/results")
+               if path.suffix == ".md"]
+    unnamed = [str(path.relative_to(ROOT / "benchmarks" / "results")) for path in results
+               if path.stem not in readme]
+    assert unnamed == []
+    modules = set(re.findall(r"python -m benchmarks\.([a-z0-9_]+)", readme))
+    assert modules and {m for m in modules if not (ROOT / "benchmarks" / f"{m}.py").exists()
+                        } == set()
+    scripts = set(re.findall(r"bash (benchmarks/[a-z0-9_]+\.sh)", readme))
+    assert scripts and {s for s in scripts if not (ROOT / s).exists()} == set()
