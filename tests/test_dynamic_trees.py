@@ -7,7 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.trees.dynamic_trees import ExpandedNodes, grow_dynamic_tree, select_best_nodes
+from specjax.trees.dynamic_trees import (
+    ExpandedNodes,
+    frontier,
+    grow_dynamic_tree,
+    select_best_nodes,
+)
 from specjax.trees.shapes import DynamicTree, tree_depths
 
 VOCAB = 12
@@ -52,26 +57,52 @@ def test_grow_matches_the_reference(tree):
     root_lp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
     table = np.asarray(jax.nn.log_softmax(
         rng.normal(size=(tree.max_depth, VOCAB, VOCAB)).astype(np.float32) * 2, axis=-1))
-    seen_widths = []
+    seen = []
 
-    def expand(count, nodes: ExpandedNodes):
-        # The nodes handed over are a consistent tree: parents earlier, depths follow them.
-        parents = np.asarray(nodes.parents)
-        assert np.all(parents < np.arange(parents.shape[1])[None])
-        np.testing.assert_array_equal(nodes.depths, tree_depths(nodes.parents))
-        seen_widths.append(parents.shape[1])
-        frontier = slice(-tree.top_k, None)
-        lp = jnp.asarray(table)[nodes.depths[:, frontier], nodes.tokens[:, frontier]]
+    def expand(count, nodes: ExpandedNodes, depth):
+        # Inside the scan the nodes are traced: the callback sees each expansion's values.
+        jax.debug.callback(lambda *values: seen.append([np.asarray(v) for v in values]),
+                           nodes.tokens, nodes.parents, nodes.depths, depth, ordered=True)
+        lp = jnp.asarray(table)[frontier(nodes.depths, depth, tree.top_k),
+                                frontier(nodes.tokens, depth, tree.top_k)]
         return count + 1, lp
 
-    # Eagerly, so that `expand` can inspect the nodes it is handed.
-    count, tokens, parents = grow_dynamic_tree(tree, jnp.asarray(root_lp), expand, 0)
+    count, tokens, parents = jax.jit(
+        lambda root: grow_dynamic_tree(tree, root, expand, jnp.int32(0)))(jnp.asarray(root_lp))
     assert int(count) == tree.max_depth - 1
-    assert seen_widths == [tree.top_k * d for d in range(1, tree.max_depth)]
+    width = tree.top_k * (tree.max_depth - 1)
+    assert [int(depth) for *_, depth in seen] == list(range(1, tree.max_depth))
+    for node_tokens, node_parents, node_depths, depth in seen:
+        # The nodes handed over: a consistent tree of the top_k * depth expanded so far
+        # (parents earlier, depths following them), then padding nothing attends to.
+        assert node_parents.shape == (batch, width)
+        real = tree.top_k * int(depth)
+        assert np.all(node_parents[:, :real] < np.arange(real)[None])
+        np.testing.assert_array_equal(node_depths[:, :real],
+                                      tree_depths(jnp.asarray(node_parents[:, :real])))
+        assert np.all(node_parents[:, real:] == -1) and np.all(node_depths[:, real:] == 0)
+        assert np.all(node_tokens[:, real:] == 0)
+
     for row in range(batch):
         want_tokens, want_parents = reference_tree(root_lp[row], table, tree)
         np.testing.assert_array_equal(tokens[row], want_tokens)
         np.testing.assert_array_equal(parents[row], want_parents)
+
+
+@pytest.mark.parametrize("depth", [2, 5, 9])
+def test_the_drafter_is_traced_once_whatever_the_depth(depth):
+    """The depths are one `lax.scan`: a tree of depth 9 traces (and compiles) the drafter's
+    expansion once, as a tree of depth 2 does."""
+    traced = []
+
+    def expand(carry, nodes, d):
+        traced.append(d)
+        return carry, jnp.zeros((nodes.tokens.shape[0], 2, VOCAB))
+
+    tree = DynamicTree(num_nodes=6, max_depth=depth, top_k=2)
+    jax.jit(lambda root: grow_dynamic_tree(tree, root, expand, None)).lower(
+        jnp.zeros((1, VOCAB)))
+    assert len(traced) == 1
 
 
 def test_ties_keep_the_parent_first():

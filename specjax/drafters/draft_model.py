@@ -42,7 +42,7 @@ from specjax.drafters.base import (
 )
 from specjax.lm.causal_lm import CausalLM, prefill
 from specjax.runtime.sharding import place_like_target
-from specjax.trees.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.trees.dynamic_trees import ExpandedNodes, frontier, grow_dynamic_tree
 from specjax.trees.shapes import DynamicTree, TreeShape, ancestor_mask
 
 DRAFT_METHODS = ("sample", "greedy")
@@ -355,12 +355,12 @@ class DraftModel:
         lengths_B = context.lengths
         cache, root_logits_BV = self._catch_up(state, context, tree.max_depth)
 
-        def expand(cache, nodes: ExpandedNodes):
+        def expand(cache, nodes: ExpandedNodes, depth):
             mask_BFF = ancestor_mask(nodes.parents)[:, 1:, 1:]
             positions_BF = (lengths_B - 1)[:, None] + nodes.depths
             logits_BFV, _, cache = self.lm.apply(self._clip(nodes.tokens), positions_BF, cache,
                                                  lengths_B, mask_BFF)
-            frontier_BkV = logits_BFV[:, -tree.top_k:]
+            frontier_BkV = frontier(logits_BFV, depth, tree.top_k)
             return cache, self._log_probs(frontier_BkV, sampling, vocab_size)
 
         cache, tokens_BN, parents_BN = grow_dynamic_tree(

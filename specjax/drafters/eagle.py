@@ -77,7 +77,7 @@ from specjax.drafters.head_files import (
 from specjax.drafters.model_block import ModelBlock
 from specjax.lm.causal_lm import CausalLM
 from specjax.runtime.files import damaged
-from specjax.trees.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.trees.dynamic_trees import ExpandedNodes, frontier, grow_dynamic_tree
 from specjax.trees.shapes import DynamicTree, TreeShape, ancestor_mask
 
 # Slots past the target's capacity in the head's cache: a dynamic tree re-feeds every
@@ -467,7 +467,7 @@ class Eagle:
                              "); lower top_k or max_depth, or raise num_nodes")
         lengths_B, root_BD = state.cache_lengths, state.root_hidden
 
-        def expand(carry, nodes: ExpandedNodes):
+        def expand(carry, nodes: ExpandedNodes, depth):
             cache, outputs_BFD = carry
             known_BFD = jnp.concatenate([root_BD[:, None], outputs_BFD], axis=1)
             features_BFD = jnp.take_along_axis(known_BFD, (nodes.parents + 1)[:, :, None],
@@ -476,13 +476,16 @@ class Eagle:
             positions_BF = (lengths_B - 1)[:, None] + nodes.depths
             out_BFD, cache = self._block(nodes.tokens, features_BFD, positions_BF, cache,
                                          lengths_B, mask_BFF)
-            frontier_BkV = self._logits(out_BFD[:, -tree.top_k:])
-            return (cache, out_BFD), tree_scores(frontier_BkV, sampling)
+            frontier_BkV = self._logits(frontier(out_BFD, depth, tree.top_k))
+            return (cache, out_BFD.astype(outputs_BFD.dtype)), tree_scores(frontier_BkV,
+                                                                           sampling)
 
-        empty_B0D = jnp.zeros((root_BD.shape[0], 0, root_BD.shape[1]), jnp.float32)
+        # The previous expansion's outputs, one per fed node (none yet: the root's feature
+        # is all a first expansion reads).
+        outputs_BFD = jnp.zeros((root_BD.shape[0], fed, root_BD.shape[1]), jnp.float32)
         (cache, _), tokens_BN, parents_BN = grow_dynamic_tree(
             tree, tree_scores(self._logits(root_BD), sampling), expand,
-            (state.cache, empty_B0D))
+            (state.cache, outputs_BFD))
         return (dataclasses.replace(state, cache=cache),
                 Proposal(tokens=tokens_BN, q=None, parents=parents_BN))
 

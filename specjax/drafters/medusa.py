@@ -257,11 +257,12 @@ class Medusa:
         self._check_depth(tree.max_depth, f"a dynamic tree of depth {tree.max_depth}")
         log_probs_BMV = tree_scores(logits_BMV, sampling)
 
-        def expand(depth, nodes: ExpandedNodes):
-            frontier_BkV = jnp.broadcast_to(log_probs_BMV[:, depth][:, None],
-                                            (nodes.tokens.shape[0], tree.top_k,
-                                             log_probs_BMV.shape[-1]))
-            return depth + 1, frontier_BkV
+        def expand(carry, nodes: ExpandedNodes, depth):
+            head_BV = jax.lax.dynamic_index_in_dim(log_probs_BMV, depth, axis=1,
+                                                   keepdims=False)
+            frontier_BkV = jnp.broadcast_to(head_BV[:, None], (nodes.tokens.shape[0],
+                                                               tree.top_k, head_BV.shape[-1]))
+            return carry, frontier_BkV
 
-        _, tokens_BN, parents_BN = grow_dynamic_tree(tree, log_probs_BMV[:, 0], expand, 1)
+        _, tokens_BN, parents_BN = grow_dynamic_tree(tree, log_probs_BMV[:, 0], expand, None)
         return Proposal(tokens=tokens_BN, q=None, parents=parents_BN)

@@ -81,9 +81,8 @@ def dynamic_tree_from_offsets(offset_logits: OffsetLogits, tree: DynamicTree,
     scores_BDV = jnp.stack([tree_scores(offset_logits(d), sampling)
                             for d in range(tree.max_depth)], axis=1)
 
-    def expand(carry, nodes: ExpandedNodes):
-        depth_B = nodes.depths[:, -1]  # the frontier's depth, the same across it
-        scores_BV = jnp.take_along_axis(scores_BDV, depth_B[:, None, None], axis=1)[:, 0]
+    def expand(carry, nodes: ExpandedNodes, depth):
+        scores_BV = jax.lax.dynamic_index_in_dim(scores_BDV, depth, axis=1, keepdims=False)
         return carry, jnp.broadcast_to(scores_BV[:, None],
                                        (scores_BV.shape[0], tree.top_k, vocab_size))
 
