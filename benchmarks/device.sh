@@ -27,4 +27,4 @@ if ! "$python" -c "import specjax_models" 2> /dev/null; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # 7 minutes of measuring, then nothing new starts; compile time counts.
-"$python" -m benchmarks.device --out "$out" --budget-s "${BUDGET_S:-420}" "$@"
+"$python" -m benchmarks.machines.device --out "$out" --budget-s "${BUDGET_S:-420}" "$@"

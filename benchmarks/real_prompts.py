@@ -1,4 +1,4 @@
-"""Real-text prompts for benchmarks/real.py, written for this project (nothing downloaded).
+"""Real-text prompts for benchmarks/drafters/real.py, written for this project (nothing downloaded).
 
 Three kinds, as users send them to a small chat model:
 - chat: questions with free-form answers (drafts must predict the model; prompt lookup

@@ -45,8 +45,8 @@ from benchmarks.common import (
     transformers_greedy,
     write_results,
 )
+from benchmarks.decoding.speculative_vs_ar import forward_seconds, step_cost_table
 from benchmarks.report import ConfigResult, PeerResult, Roofline, SuiteResult, render
-from benchmarks.speculative_vs_ar import forward_seconds, step_cost_table
 from specjax.decoding.inputs import plan_capacity
 
 

@@ -5,8 +5,8 @@ weights created where they will live.
 
 For SPEED AND MEMORY only: the weights are random, the outputs meaningless. What they
 measure is what the shapes cost (bytes moved per forward, FLOPs, compile time, memory),
-which is what a real checkpoint of the same architecture costs (`benchmarks/roofline.py`,
-`benchmarks/device.py`).
+which is what a real checkpoint of the same architecture costs (`benchmarks/machines/roofline.py`,
+`benchmarks/machines/device.py`).
 
 `real_size_config(name, dtype)` is the `TransformerConfig` (through `config_from_hf`, the
 path a downloaded checkpoint takes); `random_model(name, dtype)` builds it: every

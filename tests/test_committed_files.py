@@ -75,8 +75,8 @@ def test_the_benchmarks_readme_maps_every_result_to_a_script_that_exists():
     unnamed = [str(path.relative_to(ROOT / "benchmarks" / "results")) for path in results
                if path.stem not in readme]
     assert unnamed == []
-    modules = set(re.findall(r"python -m benchmarks\.([a-z0-9_]+)", readme))
-    assert modules and {m for m in modules if not (ROOT / "benchmarks" / f"{m}.py").exists()
-                        } == set()
-    scripts = set(re.findall(r"bash (benchmarks/[a-z0-9_]+\.sh)", readme))
+    modules = set(re.findall(r"python -m benchmarks\.([a-z0-9_.]+[a-z0-9_])", readme))
+    assert modules and {m for m in modules if not (ROOT / "benchmarks" / (
+        m.replace(".", "/") + ".py")).exists()} == set()
+    scripts = set(re.findall(r"bash (benchmarks/[a-z0-9_/]+\.sh)", readme))
     assert scripts and {s for s in scripts if not (ROOT / s).exists()} == set()

@@ -448,7 +448,7 @@ STAT_CASES = [pytest.param(name, marks=pytest.mark.slow) if ENTRIES[name].slow_s
 
 def chi_square_call(name: str, micro_lm, close_draft):
     """Entry `name`'s one batched call: the p-values of its settings (the greedy group's
-    first) and the output (also timed by benchmarks/registry_entry_time.py)."""
+    first) and the output (also timed by benchmarks/machines/registry_entry_time.py)."""
     entry = ENTRIES[name]
     settings = [GREEDY] + [SAMPLINGS[s] for s in entry.stat_samplings]
     return speculative_joint_pvalues(

@@ -1,4 +1,4 @@
-"""benchmarks/registry_entry_time.py: one registry entry's chi-square call timed twice."""
+"""benchmarks/machines/registry_entry_time.py: one registry entry's chi-square call timed twice."""
 
 import subprocess
 import sys
@@ -22,7 +22,7 @@ def test_an_unknown_entry_is_refused_with_the_names(capsys):
 
 @pytest.mark.slow  # one 36,256-row decode compiled and run: 10 s
 def test_an_entry_is_timed_and_its_pvalues_printed():
-    done = subprocess.run([sys.executable, "-m", "benchmarks.registry_entry_time",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.machines.registry_entry_time",
                            "prompt lookup, chain", "--calls", "1", "--level", "0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=subprocess_env())

@@ -1,4 +1,4 @@
-"""benchmarks/roofline.py: the bytes and FLOPs a forward must move and do (by hand for a
+"""benchmarks/machines/roofline.py: the bytes and FLOPs a forward must move and do (by hand for a
 small config), rows measured, resumed without measuring again, and the oracle loop's
 efficiency against its ideal."""
 

@@ -1,4 +1,4 @@
-"""benchmarks/suite_profile.py: JAX's compile events counted per test module, and the
+"""benchmarks/machines/suite_profile.py: JAX's compile events counted per test module, and the
 table over every process's file."""
 
 import json

@@ -86,7 +86,7 @@ def card(name: str, rows: list[dict]) -> str:
         lines.append("")
     if name == "kangaroo":
         lines += ["Measured in `benchmarks/results/kangaroo_cpu.md` (`python -m "
-                  "benchmarks.kangaroo`).", ""]
+                  "benchmarks.drafters.kangaroo`).", ""]
     kind = {"medusa": "Medusa", "kangaroo": "EarlyExit"}.get(name, "Eagle")
     lines += ["Load: `specjax_models.load_bundled(\"" + name + "\")` (a "
               f"`specjax.drafters.{kind}` on the float32 bundled target); CLI: "

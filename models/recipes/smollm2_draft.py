@@ -126,7 +126,7 @@ def write_draft_card(out_dir: str | Path, work_dir: str | Path) -> None:
         f"({metadata['heldout_rows']} held-out rows, the EAGLE-3 head's; teacher prefix; a "
         f"lower bound): {last.get('acceptance@1', float('nan')):.3f}.", "",
         "Speed and tau on the evaluation prompts: `benchmarks/results/real_trained_cpu.md` "
-        "(`python -m benchmarks.real`).", "",
+        "(`python -m benchmarks.drafters.real`).", "",
         "Load: `specjax_models.load_layer_draft(specjax_models.SMOLLM2_DRAFT, target)` (a "
         "`specjax.DraftModel`); CLI: `specjax generate --model smollm2 --drafter model`, "
         "`specjax chat --drafter model`."]

@@ -31,7 +31,7 @@ python -m specjax.cli train --config draft --out "$work/draft_pretrained" --step
 python -m specjax.cli distill --target "$work/target" --draft "$work/draft_pretrained" \
   --out "$work/draft_distilled" --steps "$k_steps" --learning-rate 1e-3 --warmup-steps 100 \
   --divergence fkl ${MAX_SECONDS_DISTILL:+--max-seconds $MAX_SECONDS_DISTILL} "${common[@]}"
-python -m benchmarks.bundled_pair --target "$work/target" \
+python -m benchmarks.decoding.bundled_pair --target "$work/target" \
   --draft "pretrained=$work/draft_pretrained" --draft "distilled=$work/draft_distilled" \
   --ks 2 4 6 8 --no-timing --name "${RESULTS_NAME:-bundled_pair_acceptance_$(python -c 'import jax; print(jax.default_backend())')}"
 if [ -n "${INSTALL_TO:-}" ]; then

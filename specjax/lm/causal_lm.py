@@ -27,7 +27,7 @@ repair_damaged_entries()
 ApplyFn = Callable[..., tuple[Array, Array, Any]]
 
 # Prompt tokens per prefill forward (`CausalLM.prefill_chunk`), chosen by
-# `benchmarks/long_prompts.py` on CPU (benchmarks/results/long_prompts_cpu.md).
+# `benchmarks/decoding/long_prompts.py` on CPU (benchmarks/results/long_prompts_cpu.md).
 DEFAULT_PREFILL_CHUNK = 512
 
 
