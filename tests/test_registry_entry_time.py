@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import subprocess_env
 
-from benchmarks import registry_entry_time
+from benchmarks.machines import registry_entry_time
 
 ROOT = Path(__file__).resolve().parents[1]
 

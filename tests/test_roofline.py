@@ -7,7 +7,7 @@ import json
 import pytest
 from test_real_sizes import TINY
 
-from benchmarks import roofline
+from benchmarks.machines import roofline
 from specjax_models import real_sizes
 
 

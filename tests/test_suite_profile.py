@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from benchmarks import suite_profile
+from benchmarks.machines import suite_profile
 
 
 def test_compile_events_count_the_programs_made_between_start_and_stop():

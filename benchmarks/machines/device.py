@@ -86,7 +86,7 @@ DRY_ROOFLINE = {"qwen2.5-0.5b": dict(layouts=("unrolled",), batches=(1,))}
 
 def roofline(args, budget: Budget) -> dict:
     """Section 0: rows of `benchmarks.machines.roofline` (forwards, then the oracle loop)."""
-    from benchmarks import roofline as rl
+    from benchmarks.machines import roofline as rl
     from specjax_models.real_sizes import real_size_config
 
     rows_path = args.out / "roofline.jsonl"
