@@ -96,6 +96,33 @@ def test_draft_model_is_a_pytree_of_the_draft_params():
         DraftModel("not a model")
 
 
+def test_every_confidence_threshold_shares_one_compiled_decoder(tiny_lm):
+    """`min_confidence` is data (a float32 leaf): after one threshold compiles the decoder,
+    others compile nothing, offer different numbers of drafts, and stay exact (greedy
+    equals generate). Only None or a threshold is part of the program."""
+    import specjax
+    from specjax.testing import count_compilations
+
+    draft = DraftModel(build_lm(7), "greedy", min_confidence=0.5)
+    (threshold,) = [leaf for leaf in jax.tree.leaves(draft) if leaf.ndim == 0]
+    assert threshold.dtype == np.float32 and float(threshold) == 0.5
+    prompts = [[1, 5, 9, 30, 2, 7], [4, 4, 8]]
+    plain = specjax.generate(tiny_lm, prompts, max_new_tokens=10, sampling=GREEDY)
+    run = lambda c: specjax.speculative_generate(
+        tiny_lm, DraftModel(build_lm(7), "greedy", min_confidence=c), prompts,
+        max_new_tokens=10, num_draft_tokens=4, sampling=GREEDY)
+    run(0.5)
+    with count_compilations() as compiled:
+        outs = [run(c) for c in (0.01, 0.2, 0.99)]
+    assert compiled == []
+    for out in outs:
+        np.testing.assert_array_equal(out.tokens, plain.tokens)
+    offered = [int(np.sum(out.stats.proposed)) for out in outs]
+    assert offered[0] > offered[-1]
+    with pytest.raises(ValueError, match="min_confidence"):
+        DraftModel(build_lm(7), min_confidence=np.float32(1.5))
+
+
 def test_a_reduced_vocabulary_draft_proposes_its_ids_with_q_zero_elsewhere(tiny_lm):
     """DraftModel(draft_vocab=ids): drafts come from the ids, q is the warped draft
     distribution over them (scattered to the target's 32 ids, 0 elsewhere), and the

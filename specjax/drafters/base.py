@@ -207,11 +207,31 @@ def draft_chain(step, carry, keys_K: Array, budget: Array | None = None,
     return carry, outputs
 
 
+# What a user may pass as min_confidence; anything else in the field is a stand-in JAX
+# puts in a leaf's place while it rebuilds a drafter (a tracer, a lowering's argument info).
+_USER_VALUES = (bool, int, float, str, bytes, list, tuple, dict, set, np.ndarray, np.generic,
+                jax.Array)
+
+
 def check_min_confidence(value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not 0.0 < value <= 1.0):
+    if value is None or isinstance(value, jax.core.Tracer) or not isinstance(value,
+                                                                           _USER_VALUES):
+        return  # checked when the drafter was built
+    if isinstance(value, (np.ndarray, np.generic, jax.Array)) and np.ndim(value) == 0 \
+            and np.issubdtype(np.asarray(value).dtype, np.floating):
+        value = float(value)  # the threshold as a drafter holds it (a float32 leaf)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
         raise ValueError(f"min_confidence must be None (verify every draft) or a number in "
                          f"(0, 1], got {value!r}")
+
+
+def confidence_leaf(value):
+    """`min_confidence` as a drafter keeps it: None, or a float32 scalar leaf, so every
+    threshold shares one compiled step (only None or not is part of the program)."""
+    check_min_confidence(value)
+    if value is None or not isinstance(value, _USER_VALUES) or isinstance(value, jax.Array):
+        return value  # a stand-in, or already an array (a drafter rebuilt by jax)
+    return np.asarray(value, np.float32)
 
 
 class Drafter(Protocol):

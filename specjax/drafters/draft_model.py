@@ -33,7 +33,7 @@ from specjax.drafters.base import (
     Commit,
     DraftContext,
     Proposal,
-    check_min_confidence,
+    confidence_leaf,
     confident_drafts,
     draft_chain,
     draft_vocab_ids,
@@ -146,7 +146,7 @@ def check_draft_fields(drafter) -> None:
         raise TypeError(f"{name} needs a specjax.CausalLM, got {type(drafter.lm).__name__}")
     if drafter.method not in DRAFT_METHODS:
         raise ValueError(f"method must be one of {DRAFT_METHODS}, got {drafter.method!r}")
-    check_min_confidence(drafter.min_confidence)
+    object.__setattr__(drafter, "min_confidence", confidence_leaf(drafter.min_confidence))
     if isinstance(drafter.draft_vocab, (list, tuple, np.ndarray)):  # one leaf, not many
         object.__setattr__(drafter, "draft_vocab", jnp.asarray(drafter.draft_vocab, jnp.int32))
 
@@ -190,7 +190,7 @@ class DraftModel:
     _: dataclasses.KW_ONLY
     max_vocab_padding: int = dataclasses.field(default=1024, metadata={"static": True})
     draft_vocab: Array | None = None
-    min_confidence: float | None = dataclasses.field(default=None, metadata={"static": True})
+    min_confidence: float | None = None  # data: a float32 leaf (see confidence_leaf)
 
     def __post_init__(self):
         check_draft_fields(self)

@@ -40,7 +40,7 @@ from specjax.drafters.base import (
     Commit,
     DraftContext,
     Proposal,
-    check_min_confidence,
+    confidence_leaf,
     confident_drafts,
     draft_chain,
     draft_vocab_ids,
@@ -150,7 +150,7 @@ class Eagle:
     config: FeatureHeadConfig = dataclasses.field(metadata={"static": True})
     method: str = dataclasses.field(default="sample", metadata={"static": True})
     draft_vocab: Array | None = None
-    min_confidence: float | None = dataclasses.field(default=None, metadata={"static": True})
+    min_confidence: float | None = None  # data: a float32 leaf (see confidence_leaf)
     block: ModelBlock | None = None
 
     reads_target_features: ClassVar[bool] = True
@@ -163,7 +163,7 @@ class Eagle:
             raise TypeError(f"config must be a FeatureHeadConfig, got {type(self.config)}")
         if self.method not in DRAFT_METHODS:
             raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
-        check_min_confidence(self.min_confidence)
+        object.__setattr__(self, "min_confidence", confidence_leaf(self.min_confidence))
         for name in ("embedding", "lm_head"):
             shape = getattr(getattr(self, name), "shape", None)
             if shape is not None and (len(shape) != 2 or shape[1] != self.config.d_model):

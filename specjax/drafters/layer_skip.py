@@ -32,7 +32,7 @@ from specjax.drafters.base import (
     Commit,
     DraftContext,
     Proposal,
-    check_min_confidence,
+    confidence_leaf,
     confident_drafts,
     draft_chain,
     token_confidence,
@@ -96,7 +96,7 @@ class LayerSkip:
         object.__setattr__(self, "skip_mask", mask)
         if self.method not in DRAFT_METHODS:
             raise ValueError(f"method must be one of {DRAFT_METHODS}, got {self.method!r}")
-        check_min_confidence(self.min_confidence)
+        object.__setattr__(self, "min_confidence", confidence_leaf(self.min_confidence))
 
     def check(self, target: CausalLM, sampling: SamplingConfig) -> None:
         if target.num_layers is None:
@@ -188,19 +188,21 @@ def _concrete_skip(mask) -> tuple[int, ...] | None:
 
 
 def _flatten(drafter: LayerSkip):
-    return ((drafter.skip_mask,),
-            (drafter.method, drafter.min_confidence, drafter.allow_empty))
+    return ((drafter.skip_mask, drafter.min_confidence),
+            (drafter.method, drafter.allow_empty))
 
 
 def _flatten_with_keys(drafter: LayerSkip):
     children, settings = _flatten(drafter)
-    return ((jax.tree_util.GetAttrKey("skip_mask"), children[0]),), settings
+    return tuple(zip((jax.tree_util.GetAttrKey("skip_mask"),
+                      jax.tree_util.GetAttrKey("min_confidence")), children, strict=True)
+                 ), settings
 
 
 def _unflatten(settings, children) -> LayerSkip:
     drafter = object.__new__(LayerSkip)
-    (mask,) = children
-    method, min_confidence, allow_empty = settings
+    mask, min_confidence = children
+    method, allow_empty = settings
     for name, value in (("skip", _concrete_skip(mask)), ("method", method),
                         ("min_confidence", min_confidence), ("allow_empty", allow_empty),
                         ("skip_mask", mask)):

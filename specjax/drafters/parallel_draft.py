@@ -82,7 +82,7 @@ class ParallelDraft:
     _: dataclasses.KW_ONLY
     max_vocab_padding: int = dataclasses.field(default=1024, metadata={"static": True})
     draft_vocab: Array | None = None
-    min_confidence: float | None = dataclasses.field(default=None, metadata={"static": True})
+    min_confidence: float | None = None  # data: a float32 leaf (see confidence_leaf)
     trained_positions: int | None = dataclasses.field(default=None, metadata={"static": True})
 
     def __post_init__(self):
