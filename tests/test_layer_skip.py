@@ -146,6 +146,9 @@ def test_the_set_round_trips_as_a_pytree_and_is_traced_inside_jit():
     drafter = LayerSkip(skip=(2, 0), method="greedy", min_confidence=0.3)
     again = jax.tree.map(lambda leaf: leaf, drafter)
     assert again == drafter and again.skip == (0, 2) and again.method == "greedy"
+    # The threshold is a float32 leaf that still hashes and compares as a number.
+    assert hash(drafter) == hash(LayerSkip(skip=(0, 2), method="greedy", min_confidence=0.3))
+    assert drafter != LayerSkip(skip=(0, 2), method="greedy", min_confidence=0.4)
     assert jax.tree.structure(drafter) == jax.tree.structure(LayerSkip(skip=(5, 6, 7),
                                                                        method="greedy",
                                                                        min_confidence=0.3))

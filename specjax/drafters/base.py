@@ -227,11 +227,13 @@ def check_min_confidence(value) -> None:
 
 def confidence_leaf(value):
     """`min_confidence` as a drafter keeps it: None, or a float32 scalar leaf, so every
-    threshold shares one compiled step (only None or not is part of the program)."""
+    threshold shares one compiled step (only None or not is part of the program). A numpy
+    scalar, not a 0-d array: it hashes and compares like the float it was, so drafters
+    stay usable as dict keys and in `==`."""
     check_min_confidence(value)
     if value is None or not isinstance(value, _USER_VALUES) or isinstance(value, jax.Array):
         return value  # a stand-in, or already an array (a drafter rebuilt by jax)
-    return np.asarray(value, np.float32)
+    return np.float32(value)
 
 
 class Drafter(Protocol):
