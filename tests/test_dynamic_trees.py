@@ -11,6 +11,7 @@ from specjax.trees.dynamic_trees import (
     ExpandedNodes,
     frontier,
     grow_dynamic_tree,
+    grow_from_depth_scores,
     select_best_nodes,
 )
 from specjax.trees.shapes import DynamicTree, tree_depths
@@ -103,6 +104,21 @@ def test_the_drafter_is_traced_once_whatever_the_depth(depth):
     jax.jit(lambda root: grow_dynamic_tree(tree, root, expand, None)).lower(
         jnp.zeros((1, VOCAB)))
     assert len(traced) == 1
+
+
+def test_depth_scores_grow_the_tree_a_parent_independent_draft_would():
+    """Offset drafters (Medusa, parallel drafts): every depth-d + 1 node scored by row d of
+    the scores, whatever its parent; the reference with a table that ignores the token."""
+    tree = DynamicTree(num_nodes=9, max_depth=4, top_k=3)
+    rng = np.random.default_rng(1)
+    scores_BDV = np.asarray(jax.nn.log_softmax(
+        rng.normal(size=(2, tree.max_depth, VOCAB)).astype(np.float32) * 2, axis=-1))
+    tokens, parents = grow_from_depth_scores(tree, jnp.asarray(scores_BDV))
+    for row in range(2):
+        table = np.broadcast_to(scores_BDV[row][:, None], (tree.max_depth, VOCAB, VOCAB))
+        want_tokens, want_parents = reference_tree(scores_BDV[row, 0], table, tree)
+        np.testing.assert_array_equal(tokens[row], want_tokens)
+        np.testing.assert_array_equal(parents[row], want_parents)
 
 
 def test_ties_keep_the_parent_first():

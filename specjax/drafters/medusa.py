@@ -45,7 +45,7 @@ from specjax.drafters.head_files import (
 )
 from specjax.lm.causal_lm import CausalLM
 from specjax.runtime.files import check_arrays, damaged
-from specjax.trees.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.trees.dynamic_trees import grow_from_depth_scores
 from specjax.trees.shapes import DynamicTree, TreeShape
 
 
@@ -255,14 +255,5 @@ class Medusa:
                       sampling: SamplingParams) -> Proposal:
         """Every frontier node's children come from the head of the next depth."""
         self._check_depth(tree.max_depth, f"a dynamic tree of depth {tree.max_depth}")
-        log_probs_BMV = tree_scores(logits_BMV, sampling)
-
-        def expand(carry, nodes: ExpandedNodes, depth):
-            head_BV = jax.lax.dynamic_index_in_dim(log_probs_BMV, depth, axis=1,
-                                                   keepdims=False)
-            frontier_BkV = jnp.broadcast_to(head_BV[:, None], (nodes.tokens.shape[0],
-                                                               tree.top_k, head_BV.shape[-1]))
-            return carry, frontier_BkV
-
-        _, tokens_BN, parents_BN = grow_dynamic_tree(tree, log_probs_BMV[:, 0], expand, None)
+        tokens_BN, parents_BN = grow_from_depth_scores(tree, tree_scores(logits_BMV, sampling))
         return Proposal(tokens=tokens_BN, q=None, parents=parents_BN)

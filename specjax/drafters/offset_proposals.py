@@ -24,7 +24,7 @@ from jax import Array
 from specjax.decoding.sampling import SamplingParams, draw_with_q, tree_scores
 from specjax.drafters.base import Proposal, confident_drafts, token_confidence
 from specjax.drafters.draft_model import draw_children, empty_tree_draws, place_children
-from specjax.trees.dynamic_trees import ExpandedNodes, grow_dynamic_tree
+from specjax.trees.dynamic_trees import grow_from_depth_scores
 from specjax.trees.shapes import DynamicTree, TreeShape
 
 # offset_logits(d) -> float32 [B, V] over the target's vocabulary, offset d + 1 (d >= 0).
@@ -75,16 +75,10 @@ def static_tree_from_offsets(key: Array, offset_logits: OffsetLogits, tree: Tree
 
 
 def dynamic_tree_from_offsets(offset_logits: OffsetLogits, tree: DynamicTree,
-                              sampling: SamplingParams, vocab_size: int) -> Proposal:
+                              sampling: SamplingParams) -> Proposal:
     """An EAGLE-2 tree per row (`specjax.trees.dynamic_trees`), a depth-d frontier expanded from
     offset d + 1."""
     scores_BDV = jnp.stack([tree_scores(offset_logits(d), sampling)
                             for d in range(tree.max_depth)], axis=1)
-
-    def expand(carry, nodes: ExpandedNodes, depth):
-        scores_BV = jax.lax.dynamic_index_in_dim(scores_BDV, depth, axis=1, keepdims=False)
-        return carry, jnp.broadcast_to(scores_BV[:, None],
-                                       (scores_BV.shape[0], tree.top_k, vocab_size))
-
-    _, tokens_BN, parents_BN = grow_dynamic_tree(tree, scores_BDV[:, 0], expand, None)
+    tokens_BN, parents_BN = grow_from_depth_scores(tree, scores_BDV)
     return Proposal(tokens=tokens_BN, q=None, parents=parents_BN)

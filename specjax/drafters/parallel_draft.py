@@ -171,7 +171,7 @@ class ParallelDraft:
         new_state = ParallelDraftState(cache)
         offsets = lambda d: self._vocab.target_logits(logits_BKV[:, d], vocab_size)
         if isinstance(tree, DynamicTree):
-            return new_state, dynamic_tree_from_offsets(offsets, tree, sampling, vocab_size)
+            return new_state, dynamic_tree_from_offsets(offsets, tree, sampling)
         if tree is not None:
             return new_state, static_tree_from_offsets(
                 key, offsets, tree, sampling, vocab_size, deterministic=self.method == "greedy")

@@ -219,7 +219,7 @@ class ParallelEagle:
         offsets = lambda d: self.head._logits(out_BKD[:, d])
         deterministic = self.head.method == "greedy"
         if isinstance(tree, DynamicTree):
-            return new_state, dynamic_tree_from_offsets(offsets, tree, sampling, vocab_size)
+            return new_state, dynamic_tree_from_offsets(offsets, tree, sampling)
         if tree is not None:
             return new_state, static_tree_from_offsets(key, offsets, tree, sampling,
                                                        vocab_size, deterministic=deterministic)

@@ -139,6 +139,21 @@ def grow_dynamic_tree(tree: DynamicTree, root_log_probs_BV: Float[Array, "B V"],
     return (carry,) + select_best_nodes(tokens_BP, parents_BP, scores_BP, tree.num_nodes)
 
 
+def grow_from_depth_scores(tree: DynamicTree, scores_BDV: Float[Array, "B D V"]
+                           ) -> tuple[Int[Array, "B N"], Int[Array, "B N"]]:
+    """`(tokens, parents)` of a tree whose every node at depth d + 1 is scored by
+    `scores_BDV[:, d]`, whatever its parent (drafters that predict offsets rather than
+    continuations: Medusa's heads, parallel drafts); D >= `tree.max_depth`."""
+    batch, _, vocab = scores_BDV.shape
+
+    def expand(carry, nodes: ExpandedNodes, depth):
+        scores_BV = jax.lax.dynamic_index_in_dim(scores_BDV, depth, axis=1, keepdims=False)
+        return carry, jnp.broadcast_to(scores_BV[:, None], (batch, tree.top_k, vocab))
+
+    _, tokens_BN, parents_BN = grow_dynamic_tree(tree, scores_BDV[:, 0], expand, None)
+    return tokens_BN, parents_BN
+
+
 def select_best_nodes(tokens_BP: Int[Array, "B P"], parents_BP: Int[Array, "B P"],
                       scores_BP: Float[Array, "B P"],
                       num_nodes: int) -> tuple[Int[Array, "B N"], Int[Array, "B N"]]:
