@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 from jax import Array
 
+from specjax.lm.causal_lm import check_layer_mask
 from specjax_models.attention import READ_BEFORE_WRITE_MAX_TOKENS, Attention, softcap  # noqa: F401
 from specjax_models.cache import KVCache, write_rows
 from specjax_models.config import TransformerConfig, dtype_name  # noqa: F401  (re-exported)
@@ -156,12 +157,7 @@ class Transformer(nnx.Module):
                 raise ValueError("feature_layers with a subset of layers is not defined: the "
                                  "residual streams then differ from the full model's")
         if layer_mask is not None:
-            if layers is not None or feature_layers:
-                raise ValueError("layer_mask chooses the blocks at run time: pass it without "
-                                 "layers= and feature_layers=")
-            if tuple(jnp.shape(layer_mask)) != (cfg.num_layers,):
-                raise ValueError(f"layer_mask must be bool [{cfg.num_layers}] (one flag per "
-                                 f"block), got shape {tuple(jnp.shape(layer_mask))}")
+            check_layer_mask(layer_mask, cfg.num_layers, layers, feature_layers)
             layer_mask = jnp.asarray(layer_mask, bool)
         running = range(cfg.num_layers) if layers is None else layers
         if cache is not None and cache_lengths_B is None:
@@ -223,27 +219,22 @@ class Transformer(nnx.Module):
                 params, layer, window = layer_inputs
                 return run_layer(nnx.merge(block_def, params), *carry, layer, window), None
 
-            def subset_body(carry, layer_inputs):
-                # A layer subset indexes the stacked parameters inside the loop: gathering
-                # them first would copy the kept layers' weights at every call.
-                layer, window = layer_inputs
-                params = jax.tree.map(
+            def block_at(layer):
+                # Indexed inside the loop: gathering a subset first would copy the kept
+                # layers' weights at every call.
+                return nnx.merge(block_def, jax.tree.map(
                     lambda stack: jax.lax.dynamic_index_in_dim(stack, layer, keepdims=False),
-                    layer_params)
-                return run_layer(nnx.merge(block_def, params), *carry, layer, window), None
+                    layer_params))
+
+            def subset_body(carry, layer_inputs):
+                layer, window = layer_inputs
+                return run_layer(block_at(layer), *carry, layer, window), None
 
             def masked_body(carry, layer_inputs):
                 # Every layer, each run or passed through at run time; a skipped layer's
                 # weights are not even sliced out of the stack (the slice is in the branch).
                 layer, window = layer_inputs
-
-                def run(*carry):
-                    params = jax.tree.map(
-                        lambda stack: jax.lax.dynamic_index_in_dim(stack, layer,
-                                                                   keepdims=False),
-                        layer_params)
-                    return run_layer(nnx.merge(block_def, params), *carry, layer, window)
-
+                run = lambda *carry: run_layer(block_at(layer), *carry, layer, window)
                 return jax.lax.cond(layer_mask[layer], run, lambda *carry: carry, *carry), None
 
             cache_kv = None if cache is None else (cache.keys, cache.values)

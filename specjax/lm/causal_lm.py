@@ -78,6 +78,17 @@ class _NnxFullForward:
         return logits
 
 
+def check_layer_mask(layer_mask, num_layers: int, layers, feature_layers) -> None:
+    """The run-time block mask's contract (`CausalLM.apply`, and the models that take it):
+    bool [num_layers], and neither a static subset nor feature layers beside it."""
+    if layers is not None or feature_layers:
+        raise ValueError("layer_mask chooses the blocks at run time: pass it without "
+                         "layers= and feature_layers=")
+    if tuple(jnp.shape(layer_mask)) != (num_layers,):
+        raise ValueError(f"layer_mask must be bool [{num_layers}] (one flag per block), got "
+                         f"shape {tuple(jnp.shape(layer_mask))}")
+
+
 def _static(**kwargs):
     return dataclasses.field(metadata={"static": True}, **kwargs)
 
@@ -106,8 +117,10 @@ class CausalLM:
         (bounded memory, one compiled forward; see `prefill`); None: one forward. Change
         it with `lm.with_prefill_chunk(n)`.
       num_layers: the model's number of blocks when `apply_fn` takes `layers=` (a static
-        tuple of block indices to run, the others skipped: self-speculation, see
-        `specjax.drafters.LayerSkip`); None when it does not (`from_nnx` sets it).
+        tuple of block indices to run, the others skipped: an early exit) and
+        `layer_mask=` (the same as a bool [num_layers] array chosen at run time:
+        self-speculation, see `specjax.drafters.LayerSkip`); None when it does not
+        (`from_nnx` sets it).
 
     The functions are static (jit's cache key): they must be hashable and compare equal
     when they compute the same thing (module-level functions or frozen dataclasses), so
@@ -194,12 +207,7 @@ class CausalLM:
                              "apply_fn takes no layers= (give num_layers=, or build it "
                              "with CausalLM.from_nnx from a specjax_models.Transformer)")
         if layer_mask is not None:
-            if layers is not None or feature_layers:
-                raise ValueError("layer_mask chooses the blocks at run time: pass it without "
-                                 "layers= and feature_layers=")
-            if tuple(jnp.shape(layer_mask)) != (self.num_layers,):
-                raise ValueError(f"layer_mask must be bool [{self.num_layers}] (one flag per "
-                                 f"block), got shape {tuple(jnp.shape(layer_mask))}")
+            check_layer_mask(layer_mask, self.num_layers, layers, feature_layers)
             early_exit = {} if head else {"head": False}
             return self.apply_fn(self.params, tokens_BT, positions_BT, cache, cache_lengths_B,
                                  new_mask_BTT, layer_mask=layer_mask, **early_exit)
