@@ -81,14 +81,22 @@ def test_records_keep_the_fastest_start_and_the_latest_per_token(tmp_path):
     record_timing(args, False, float("nan"), 0.1, path)
     record_timing(args, False, 1.0, 0.0, path)
     assert measured_layouts(args, path).keys() == {SCANNED}
+    # Nothing left beside the file (no temporary of the atomic writes).
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".layout-timings-")]
+    assert [p.name for p in tmp_path.iterdir()] == ["timings.json"]
 
 
 def test_an_unreadable_or_foreign_file_counts_as_nothing_measured(tmp_path):
     path = tmp_path / "timings.json"
+    record_timing(_args(), True, 1.0, 0.1, path)
+    (key,) = read_timings(path)  # this request's entry, then damaged in each way below
+    assert measured_layouts(_args(), path).keys() == {SCANNED}
     negative = {SCANNED: {"start_seconds": -1, "seconds_per_token": 1}}
+    bad_runs = {SCANNED: {"start_seconds": 1, "seconds_per_token": 1, "runs": "x"}}
     for text in ("{cut", "[]", json.dumps({"format": 999, "entries": {}}),
-                 json.dumps({"format": 1, "entries": {"x": negative}})):
+                 json.dumps({"format": 1, "entries": {key: negative}}),
+                 json.dumps({"format": 1, "entries": {key: bad_runs}}),
+                 json.dumps({"format": 1, "entries": {key: "not a record"}})):
         path.write_text(text)
         assert measured_layouts(_args(), path) == {}
     record_timing(_args(), False, 1.0, 0.1, path)  # a damaged file is rebuilt

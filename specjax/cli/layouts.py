@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 ENV_VAR = "SPECJAX_LAYOUT_TIMINGS"
@@ -110,7 +109,8 @@ def read_timings(path: Path | None = None) -> dict:
 def _valid(timing) -> bool:
     return (isinstance(timing, dict)
             and all(isinstance(timing.get(name), (int, float)) and timing[name] >= 0
-                    for name in ("start_seconds", "seconds_per_token")))
+                    for name in ("start_seconds", "seconds_per_token"))
+            and isinstance(timing.get("runs", 1), int) and timing.get("runs", 1) >= 1)
 
 
 def measured_layouts(args, path: Path | None = None) -> dict[str, dict]:
@@ -170,14 +170,10 @@ def record_timing(args, scanned: bool, start_seconds: float, seconds_per_token: 
     entry[layout] = {"start_seconds": start, "seconds_per_token": seconds_per_token,
                      "runs": runs}
     entries[key] = entry
-    staging = None
+    from specjax.runtime.files import write_json_atomically
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False,
-                                         prefix=".layout-timings-") as handle:
-            staging = Path(handle.name)
-            json.dump({"format": FORMAT_VERSION, "entries": entries}, handle, indent=1)
-        os.replace(staging, path)
+        write_json_atomically(path, {"format": FORMAT_VERSION, "entries": entries})
     except OSError:
-        if staging is not None:
-            staging.unlink(missing_ok=True)
+        return
