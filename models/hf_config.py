@@ -73,14 +73,19 @@ def _sliding_layers(hf: dict, num_layers: int) -> str:
                      "(supported: all, none, or every even layer)")
 
 
+def stored_dtype(hf: dict) -> str:
+    """The dtype a Hugging Face config.json says the weights are stored in ("float32",
+    "bfloat16" or "float16"; float32 when it says nothing we know)."""
+    return _TORCH_DTYPES.get(hf.get("torch_dtype") or hf.get("dtype") or "float32", "float32")
+
+
 def config_from_hf(hf: dict, dtype=None) -> TransformerConfig:
     """A TransformerConfig from a Hugging Face config.json dict."""
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {model_type!r} is not supported; supported: "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
-    stored = hf.get("torch_dtype") or hf.get("dtype") or "float32"
-    dtype = dtype_name(dtype) if dtype is not None else _TORCH_DTYPES.get(stored, "float32")
+    dtype = dtype_name(dtype) if dtype is not None else stored_dtype(hf)
     if model_type == "gpt2":
         for key, expected in (("scale_attn_weights", True),
                               ("scale_attn_by_inverse_layer_idx", False)):

@@ -159,8 +159,9 @@ def cpu_decoding_dtype(directory: str, platform: str, available: int | None) -> 
         config = json.loads((Path(directory) / "config.json").read_text())
     except (OSError, ValueError):
         return None  # the loader says what is wrong
-    stored = config.get("torch_dtype") or config.get("dtype")
-    if stored not in ("bfloat16", "float16"):
+    from specjax_models.hf_config import stored_dtype
+
+    if stored_dtype(config) not in ("bfloat16", "float16"):
         return None
     weights = sum(p.stat().st_size for p in Path(directory).glob("*.safetensors"))
     if available is None or 2 * weights > 0.7 * available:
