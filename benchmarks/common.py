@@ -118,20 +118,17 @@ def median(values) -> float:
 
 
 def command_line() -> str:
-    """How this script was run, as `python -m benchmarks.NAME ...` (no machine paths: an
-    absolute path argument inside the repository is written relative to it, any other as
-    DIR)."""
-    script = Path(sys.argv[0])
-    module = f"benchmarks.{script.stem}" if script.suffix == ".py" else script.name
+    """How this script was run, as `python -m benchmarks.GROUP.NAME ...` (no machine paths:
+    `specjax.cli.common.portable_path`, an absolute path inside the repository relative to
+    it, any other by its last part)."""
+    from specjax.cli.common import portable_path
+
+    script = Path(sys.argv[0]).resolve()
     root = Path(__file__).resolve().parents[1]
-
-    def portable(arg: str) -> str:
-        if not arg.startswith("/"):
-            return arg
-        path = Path(arg).resolve()
-        return str(path.relative_to(root)) if path.is_relative_to(root) else "DIR"
-
-    return " ".join(["python", "-m", module, *map(portable, sys.argv[1:])])
+    module = (".".join(script.relative_to(root).with_suffix("").parts)
+              if script.suffix == ".py" and script.is_relative_to(root) else script.name)
+    return " ".join(["python", "-m", module,
+                     *(portable_path(arg, str(root)) for arg in sys.argv[1:])])
 
 
 def cpu_model() -> str | None:
@@ -187,6 +184,38 @@ def write_results(name: str, payload: dict, markdown: str) -> None:
     (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown)
     print(f"wrote {RESULTS / name}.json and .md")
+
+
+def packages_of(revision: str) -> str:
+    """A folder holding `specjax` and `specjax_models` of `revision` (a temporary worktree,
+    `checkout_of`): put it first on a child process's PYTHONPATH to run that version."""
+    import tempfile
+
+    link = Path(tempfile.mkdtemp(prefix="before-packages-"))
+    other = checkout_of(revision)
+    (link / "specjax").symlink_to(other / "specjax")
+    (link / "specjax_models").symlink_to(other / "models")
+    return str(link)
+
+
+def probe_result(code: str, argv: list[str], pythonpath: str | None):
+    """Run `code` (which prints one line `RESULT <json>`) in a fresh Python process with the
+    persistent compilation cache off, as this checkout (`pythonpath` None) or as the
+    packages in `pythonpath` (`packages_of`); its JSON. A failed run raises with its
+    stderr's end."""
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, SPECJAX_COMPILATION_CACHE="off")
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    done = subprocess.run([sys.executable, "-c", code, *argv],
+                          cwd=tempfile.gettempdir() if pythonpath else root, env=env,
+                          capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def checkout_of(revision: str) -> Path:

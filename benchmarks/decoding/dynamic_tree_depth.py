@@ -15,12 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
-from benchmarks.common import checkout_of, command_line, cpu_model, median, write_results
+from benchmarks.common import (
+    command_line,
+    cpu_model,
+    median,
+    packages_of,
+    probe_result,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPTHS = (2, 4, 6, 8)
@@ -56,16 +60,7 @@ print("RESULT", json.dumps(rows))
 
 
 def probe(pythonpath: str | None, reps: int, new_tokens: int) -> list[dict]:
-    env = dict(os.environ, SPECJAX_COMPILATION_CACHE="off")
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    done = subprocess.run([sys.executable, "-c", PROBE, str(reps), str(new_tokens),
-                           json.dumps(DEPTHS)], cwd=tempfile.gettempdir() if pythonpath
-                          else ROOT, env=env, capture_output=True, text=True, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(done.stderr[-3000:])
-    return json.loads(lines[-1][len("RESULT "):])
+    return probe_result(PROBE, [str(reps), str(new_tokens), json.dumps(DEPTHS)], pythonpath)
 
 
 def main() -> None:
@@ -77,11 +72,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--name", default="dynamic_tree_depth_cpu")
     args = parser.parse_args()
-    link = Path(tempfile.mkdtemp(prefix="before-packages-"))
-    other = checkout_of(args.compare_with)
-    (link / "specjax").symlink_to(other / "specjax")
-    (link / "specjax_models").symlink_to(other / "models")
-    builds = {"scan": None, f"unrolled ({args.compare_with})": str(link)}
+    builds = {"scan": None, f"unrolled ({args.compare_with})": packages_of(args.compare_with)}
     runs: dict = {build: [] for build in builds}
     for round_ in range(args.rounds):
         for build, pythonpath in builds.items():

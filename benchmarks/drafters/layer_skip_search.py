@@ -15,14 +15,17 @@ one with the set compiled in: what the `lax.cond` per block costs, if anything).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
-from benchmarks.common import checkout_of, command_line, cpu_model, median, write_results
+from benchmarks.common import (
+    command_line,
+    cpu_model,
+    median,
+    packages_of,
+    probe_result,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,16 +61,7 @@ print("RESULT", json.dumps({
 
 
 def probe(model: str, pythonpath: str | None, reps: int, new_tokens: int) -> dict:
-    env = dict(os.environ, SPECJAX_COMPILATION_CACHE="off")
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    done = subprocess.run([sys.executable, "-c", PROBE, model, str(reps), str(new_tokens)],
-                          cwd=tempfile.gettempdir() if pythonpath else ROOT, env=env,
-                          capture_output=True, text=True, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(done.stderr[-3000:])
-    return json.loads(lines[-1][len("RESULT "):])
+    return probe_result(PROBE, [model, str(reps), str(new_tokens)], pythonpath)
 
 
 def smollm2_installed() -> bool:
@@ -90,12 +84,8 @@ def main() -> None:
                         help="processes per model and build, alternating; medians reported")
     parser.add_argument("--name", default="layer_skip_search_cpu")
     args = parser.parse_args()
-    link = Path(tempfile.mkdtemp(prefix="before-packages-"))
-    other = checkout_of(args.compare_with)
-    (link / "specjax").symlink_to(other / "specjax")
-    (link / "specjax_models").symlink_to(other / "models")
     builds = {"set as data (this checkout)": None, f"set compiled in ({args.compare_with})":
-              str(link)}
+              packages_of(args.compare_with)}
     models = ["bundled"] + (["smollm2"] if smollm2_installed() else [])
     runs: dict = {}
     for model in models:

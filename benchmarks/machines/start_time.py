@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import checkout_of, command_line, cpu_model, median, write_results
+from benchmarks.common import command_line, cpu_model, median, packages_of, write_results
 
 NAME = "start_time_cpu"
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,11 +123,7 @@ def main() -> None:
     phase_rows: dict[str, list[dict]] = {"cold": [], "warm": []}
     before_path = None
     if args.compare_with:  # the other checkout's packages first on sys.path
-        link = Path(tempfile.mkdtemp(prefix="before-packages-"))
-        other = checkout_of(args.compare_with)
-        (link / "specjax").symlink_to(other / "specjax")
-        (link / "specjax_models").symlink_to(other / "models")
-        before_path = str(link)
+        before_path = packages_of(args.compare_with)
     for rep in range(args.reps):
         for build, pythonpath in (("this checkout", None), ("--compare-with", before_path)):
             if build == "--compare-with" and not pythonpath:
