@@ -15,9 +15,14 @@ ABSOLUTE = re.compile(r"(?:^|[\s\"'`=(\[,])(/(?:[A-Za-z0-9_.~-]+/)+[A-Za-z0-9_.~
 
 def committed_text_files(*folders: str) -> list[Path]:
     listed = subprocess.run(["git", "ls-files", *folders], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.split()
+                            text=True, check=False)
+    if listed.returncode == 0:
+        names = listed.stdout.split()
+    else:  # not a git checkout (an unpacked archive): every file in the folders
+        names = [str(path.relative_to(ROOT)) for folder in folders
+                 for path in sorted((ROOT / folder).rglob("*")) if path.is_file()]
     texts = []
-    for name in listed:
+    for name in names:
         path = ROOT / name
         data = path.read_bytes() if path.is_file() else b""
         if b"\0" in data[:4096]:
