@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from pathlib import Path
 
 from benchmarks.common import (
     command_line,
@@ -26,7 +25,6 @@ from benchmarks.common import (
     write_results,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 DEPTHS = (2, 4, 6, 8)
 
 PROBE = """

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 from benchmarks.common import (
     command_line,
@@ -26,8 +25,6 @@ from benchmarks.common import (
     probe_result,
     write_results,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # Run in a fresh process (with the build's packages first on sys.path): the search alone.
 PROBE = """
